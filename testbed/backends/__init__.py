@@ -1,0 +1,22 @@
+"""Backends, picked by name from a plain registry."""
+
+from __future__ import annotations
+
+from testbed.backends.base import Backend, BackendError
+from testbed.backends.netns import NetnsBackend
+from testbed.state import TestbedState
+
+BACKENDS: dict[str, type[Backend]] = {
+    NetnsBackend.name: NetnsBackend,
+}
+
+
+def backend_for(state: TestbedState) -> Backend:
+    """The backend that built (or will build) this testbed."""
+    try:
+        return BACKENDS[state.backend](state)
+    except KeyError:
+        raise BackendError(f"unknown backend {state.backend!r}; choose one of: {', '.join(BACKENDS)}") from None
+
+
+__all__ = ["BACKENDS", "Backend", "BackendError", "backend_for"]

@@ -1,0 +1,53 @@
+"""The one small interface every backend implements (cf. Kathara's IManager, without its facade)."""
+
+from __future__ import annotations
+
+import subprocess
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from testbed.plan.model import Plan
+from testbed.state import TestbedState
+
+
+class BackendError(RuntimeError):
+    """A backend could not build, enter or remove a testbed; the message says why and what to do."""
+
+
+class Backend(ABC):
+    """Makes a `Plan` real, runs commands on its nodes, and removes exactly what it made."""
+
+    name: str = ""
+
+    def __init__(self, state: TestbedState) -> None:
+        self.state = state
+
+    @abstractmethod
+    def deploy(self, plan: Plan) -> None:
+        """Create every node, link, address, route and sysctl of the plan; on failure remove what was made."""
+
+    @abstractmethod
+    def destroy(self) -> None:
+        """Remove everything recorded in the state, also after a crash of the creating process."""
+
+    @abstractmethod
+    def popen(self, node: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start a process on a node."""
+
+    def exec(self, node: str, argv: Sequence[str], *, timeout: float | None = None,
+             check: bool = False, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+        """Run a command on a node to completion (`capture_output=True` as in subprocess.run)."""
+        if kwargs.pop("capture_output", False):
+            kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+        proc = self.popen(node, argv, **kwargs)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        result = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+        if check:
+            result.check_returncode()
+        return result

@@ -1,0 +1,107 @@
+"""The netns backend: one network namespace per node, veths between them, a bridge per DC fabric.
+
+Everything lives inside the testbed's own namespaces (nothing is added to the root namespace), so removing
+the namespaces removes every link, address, route, qdisc and iptables rule with them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+from pyroute2 import IPRoute
+
+from testbed import procs
+from testbed.backends import nsfs
+from testbed.backends.base import Backend, BackendError
+from testbed.plan.model import Node, Plan
+
+
+class NetnsBackend(Backend):
+    """Namespaces built directly through netlink (pyroute2)."""
+
+    name = "netns"
+
+    def deploy(self, plan: Plan) -> None:
+        clashes = [ns for ns in plan.netns_names() if nsfs.exists(ns)]
+        if clashes:
+            raise BackendError(f"namespace {clashes[0]} already exists (another testbed named {plan.testbed!r}?); "
+                               f"run 'testbed down {plan.testbed}' or pick another --name")
+        self.state.netns = plan.netns_names()
+        self.state.plan = plan.to_json()
+        self.state.save()
+        sockets: dict[str, IPRoute] = {}
+        try:
+            for node in plan.nodes:
+                nsfs.create(node.netns)
+                with nsfs.entered(node.netns):
+                    for key, value in node.sysctls:
+                        nsfs.write_sysctl(key, value)
+                    sockets[node.name] = IPRoute()
+                lo = sockets[node.name].link_lookup(ifname="lo")[0]
+                sockets[node.name].link("set", index=lo, state="up")
+            with IPRoute() as root:
+                for veth in plan.veths:
+                    root.link("add", ifname=veth.a_ifname, kind="veth", mtu=veth.mtu,
+                              net_ns_fd=plan.node(veth.a_node).netns,
+                              peer={"ifname": veth.b_ifname, "mtu": veth.mtu,
+                                    "net_ns_fd": plan.node(veth.b_node).netns})
+            for node in plan.nodes:
+                _configure_node(sockets[node.name], node)
+        except BaseException:
+            for ipr in sockets.values():
+                ipr.close()
+            self.destroy()
+            raise
+        for ipr in sockets.values():
+            ipr.close()
+        self.state.phase = "up"
+        self.state.save()
+
+    def destroy(self) -> None:
+        self.state.phase = "destroying"
+        inodes = [ino for ino in (nsfs.inode(ns) for ns in self.state.netns) if ino is not None]
+        procs.terminate_records(self.state.processes)
+        procs.terminate(procs.pids_in_netns(inodes))
+        failures = []
+        for ns in self.state.netns:
+            try:
+                nsfs.remove(ns)
+            except OSError as exc:
+                failures.append(f"{ns}: {exc}")
+        if failures:
+            self.state.save()
+            raise BackendError("could not remove namespaces: " + "; ".join(failures))
+        self.state.delete()
+
+    def popen(self, node: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        netns = self.netns_of(node)
+        if not nsfs.exists(netns):
+            raise BackendError(f"node {node!r}: namespace {netns} is gone; run 'testbed down {self.state.name}' "
+                               "and bring the testbed up again")
+        return subprocess.Popen(list(argv), preexec_fn=lambda: nsfs.enter_in_child(netns), **kwargs)  # noqa: PLW1509
+
+    def netns_of(self, node: str) -> str:
+        for item in self.state.plan.get("nodes", []):
+            if item["name"] == node:
+                return str(item["netns"])
+        known = ", ".join(n["name"] for n in self.state.plan.get("nodes", []))
+        raise BackendError(f"no node {node!r} in testbed {self.state.name!r}; nodes: {known}")
+
+
+def _configure_node(ipr: IPRoute, node: Node) -> None:
+    """Bridge, addresses, link state and routes of one node, through its namespace's netlink socket."""
+    if node.bridge:
+        ipr.link("add", ifname=node.bridge, kind="bridge", br_stp_state=0, br_forward_delay=0)
+        bridge = ipr.link_lookup(ifname=node.bridge)[0]
+        for port in node.bridge_ports:
+            ipr.link("set", index=ipr.link_lookup(ifname=port)[0], master=bridge)
+    for iface in node.interfaces:
+        index = ipr.link_lookup(ifname=iface.name)[0]
+        if iface.address is not None:
+            ipr.addr("add", index=index, address=str(iface.address.ip), prefixlen=iface.address.network.prefixlen)
+        ipr.link("set", index=index, state="up")
+    for route in node.routes:
+        ipr.route("add", dst=str(route.dst), gateway=str(route.gateway),
+                  oif=ipr.link_lookup(ifname=route.dev)[0])

@@ -1,0 +1,144 @@
+"""Build a `Plan` from a `Topology`: addressing, routing, queue and TCP buffer sizing."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+
+from testbed.plan.model import Interface, LinkShape, Node, Plan, Route, Veth
+from testbed.plan.routing import path_delay, path_rate, shortest_paths
+from testbed.topology.loader import ROUTER_SUFFIX
+from testbed.topology.model import Topology
+
+NETNS_PREFIX = "tb"
+HOST_IFNAME = "eth0"
+BRIDGE_IFNAME = "fabric"
+FIRST_HOST_OCTET = 11
+ETH_OVERHEAD = 14
+MIN_TCP_BUFFER = 6 * 1024 * 1024
+MIN_QUEUE_PACKETS = 1000
+FABRIC_MTU = 1500
+
+COMMON_SYSCTLS = (
+    ("net.ipv6.conf.all.disable_ipv6", "1"),
+    ("net.ipv6.conf.default.disable_ipv6", "1"),
+)
+ROUTER_SYSCTLS = (
+    ("net.ipv4.ip_forward", "1"),
+    ("net.ipv4.conf.all.rp_filter", "0"),
+    ("net.ipv4.conf.default.rp_filter", "0"),
+)
+
+
+def netns_name(testbed: str, node: str) -> str:
+    """The namespace of a node: `tb-<testbed>-<node>`."""
+    return f"{NETNS_PREFIX}-{testbed}-{node}"
+
+
+def router_name(dc: str) -> str:
+    return f"{dc}{ROUTER_SUFFIX}"
+
+
+def dc_subnet(topology: Topology, dc_index: int) -> ipaddress.IPv4Network:
+    return list(topology.address_base.subnets(new_prefix=24))[dc_index]
+
+
+def otn_subnet(topology: Topology, link_index: int) -> ipaddress.IPv4Network:
+    last24 = list(topology.address_base.subnets(new_prefix=24))[-1]
+    return list(last24.subnets(new_prefix=30))[link_index]
+
+
+def otn_ifname(link_index: int) -> str:
+    return f"otn{link_index}"
+
+
+def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
+    """Plan a testbed named `testbed` (default: the topology's name)."""
+    name = testbed or topology.name
+    paths = {dc.name: shortest_paths(topology, dc.name) for dc in topology.datacenters}
+    tcp_buffer = _tcp_buffer_bytes(topology, paths)
+    host_sysctls = (*COMMON_SYSCTLS,
+                    ("net.ipv4.tcp_rmem", f"4096 131072 {tcp_buffer}"),
+                    ("net.ipv4.tcp_wmem", f"4096 16384 {tcp_buffer}"))
+    # net.core.[rw]mem_max are read-only outside the root namespace (they cap SO_RCVBUF/SO_SNDBUF only);
+    # TCP autotuning is bounded by tcp_rmem/tcp_wmem, which are per namespace.
+    nodes: list[Node] = []
+    veths: list[Veth] = []
+    otn_addr = _otn_addresses(topology)
+    for dc_index, dc in enumerate(topology.datacenters):
+        subnet = dc_subnet(topology, dc_index)
+        gateway = subnet.network_address + 1
+        rtr = router_name(dc.name)
+        ports = tuple(f"h{i + 1}" for i in range(len(dc.hosts)))
+        for i, host in enumerate(dc.hosts):
+            address = ipaddress.IPv4Interface(f"{subnet.network_address + FIRST_HOST_OCTET + i}/{subnet.prefixlen}")
+            nodes.append(Node(
+                name=host, dc=dc.name, role="host", netns=netns_name(name, host),
+                interfaces=(Interface(HOST_IFNAME, address, FABRIC_MTU),),
+                routes=(Route(ipaddress.IPv4Network("0.0.0.0/0"), gateway, HOST_IFNAME),),
+                sysctls=host_sysctls))
+            veths.append(Veth("fabric", host, HOST_IFNAME, rtr, ports[i], FABRIC_MTU))
+        interfaces = [Interface(BRIDGE_IFNAME, ipaddress.IPv4Interface(f"{gateway}/{subnet.prefixlen}"), FABRIC_MTU)]
+        interfaces += [Interface(p, None, FABRIC_MTU) for p in ports]
+        for link in topology.links_of(dc.name):
+            interfaces.append(Interface(otn_ifname(link.index), otn_addr[(link.index, dc.name)], link.mtu))
+        routes = _router_routes(topology, dc.name, paths[dc.name], otn_addr)
+        nodes.append(Node(name=rtr, dc=dc.name, role="router", netns=netns_name(name, rtr),
+                          interfaces=tuple(interfaces), routes=routes, sysctls=COMMON_SYSCTLS + ROUTER_SYSCTLS,
+                          bridge=BRIDGE_IFNAME, bridge_ports=ports))
+    shapes: list[LinkShape] = []
+    total_hosts = len(topology.hosts)
+    for link in topology.links:
+        veths.append(Veth("otn", router_name(link.a), otn_ifname(link.index), router_name(link.b),
+                          otn_ifname(link.index), link.mtu, link=link.name))
+        rtt = link.a_to_b.delay_s + link.b_to_a.delay_s
+        for src, dst in ((link.a, link.b), (link.b, link.a)):
+            d = link.direction(src)
+            wire = link.mtu + ETH_OVERHEAD
+            shapes.append(LinkShape(
+                link=link.name, src_dc=src, dst_dc=dst,
+                src_node=router_name(src), src_ifname=otn_ifname(link.index),
+                dst_node=router_name(dst), dst_ifname=otn_ifname(link.index),
+                delay_s=d.delay_s, rate_bps=d.rate_bps, jitter_s=d.jitter_s, loss=d.loss, lossless=link.lossless,
+                mtu=link.mtu, bdp_bytes=math.ceil(d.rate_bps * rtt / 8),
+                rate_queue_packets=max(MIN_QUEUE_PACKETS, math.ceil(max(1, total_hosts) * tcp_buffer / wire)),
+                delay_queue_packets=max(MIN_QUEUE_PACKETS,
+                                        math.ceil(2 * d.rate_bps * (d.delay_s + d.jitter_s) / 8 / wire))))
+    notes = tuple(f"{lk.name}: emulated at 1:{1 / lk.scale:g} of the real {lk.real_rate_bps / 1e9:g} Gbit/s"
+                  for lk in topology.links if lk.scale is not None and lk.real_rate_bps)
+    return Plan(testbed=name, topology=topology.name, source=topology.source, nodes=tuple(nodes),
+                veths=tuple(veths), shapes=tuple(shapes), tcp_buffer_bytes=tcp_buffer, paths=paths, notes=notes)
+
+
+def _otn_addresses(topology: Topology) -> dict[tuple[int, str], ipaddress.IPv4Interface]:
+    result = {}
+    for link in topology.links:
+        net = otn_subnet(topology, link.index)
+        result[(link.index, link.a)] = ipaddress.IPv4Interface(f"{net.network_address + 1}/{net.prefixlen}")
+        result[(link.index, link.b)] = ipaddress.IPv4Interface(f"{net.network_address + 2}/{net.prefixlen}")
+    return result
+
+
+def _router_routes(topology: Topology, dc: str, paths: dict[str, list[str]],
+                   otn_addr: dict[tuple[int, str], ipaddress.IPv4Interface]) -> tuple[Route, ...]:
+    routes = []
+    for dst_index, dst in enumerate(topology.datacenters):
+        if dst.name == dc:
+            continue
+        nxt = paths[dst.name][1]
+        link = next(lk for lk in topology.links_of(dc) if lk.other(dc) == nxt)
+        routes.append(Route(dc_subnet(topology, dst_index), otn_addr[(link.index, nxt)].ip, otn_ifname(link.index)))
+    return tuple(routes)
+
+
+def _tcp_buffer_bytes(topology: Topology, paths: dict[str, dict[str, list[str]]]) -> int:
+    """TCP buffer max: twice the largest path bandwidth-delay product (round trip), at least 6 MiB."""
+    largest = 0.0
+    for src, by_dst in paths.items():
+        for dst, path in by_dst.items():
+            if src == dst:
+                continue
+            back = paths[dst][src]
+            rtt = path_delay(topology, path) + path_delay(topology, back)
+            largest = max(largest, path_rate(topology, path) * rtt / 8)
+    return max(MIN_TCP_BUFFER, int(math.ceil(2 * largest / 4096) * 4096))

@@ -1,0 +1,383 @@
+"""Load and validate a topology YAML file into a frozen `Topology`.
+
+Inheritance follows containerlab: `defaults.link` -> `datacenters.<dc>.link` (for directions leaving that
+DC) -> `links[i]` -> `links[i].a_to_b` / `b_to_a`; likewise `defaults.fabric` -> `datacenters.<dc>.fabric`.
+All problems are collected and raised together as one `TopologyError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed import units
+from testbed.topology.errors import Problem, TopologyError
+from testbed.topology.model import FIBRE_DELAY_S_PER_KM, Datacenter, Direction, Fabric, OtnLink, Topology
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,27}$")
+NAME_RULE = "names are 1-28 characters of a-z, 0-9 and '-', starting with a letter"
+
+TOP_KEYS = {"name", "description", "defaults", "datacenters", "links", "addressing"}
+DEFAULT_KEYS = {"fabric", "link"}
+FABRIC_KEYS = {"rate", "latency"}
+DC_KEYS = {"hosts", "fabric", "link"}
+LINK_DEFAULT_KEYS = {"rate", "mtu", "lossless", "jitter", "loss", "extra_delay"}
+DIRECTION_KEYS = {"rate", "delay", "extra_delay", "jitter", "loss"}
+LINK_KEYS = {"a", "b", "distance", "distance_km", "delay", "real_rate", "a_to_b", "b_to_a"} | LINK_DEFAULT_KEYS
+ADDRESSING_KEYS = {"base"}
+
+BUILTIN_DEFAULTS: dict[str, dict[str, Any]] = {
+    "fabric": {"rate": "10gbit", "latency": "0us"},
+    "link": {"rate": "1gbit", "mtu": 1500, "lossless": True, "jitter": "0ms", "loss": 0, "extra_delay": "0ms"},
+}
+DEFAULT_ADDRESS_BASE = "10.100.0.0/16"
+MAX_RATE_BPS = 100e9
+ROUTER_SUFFIX = "-rtr"
+"""Each datacenter's router node is named `<dc>-rtr`."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys instead of silently keeping the last one."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (each key may appear once)", key_node.start_mark)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+class _Checker:
+    """Collects problems while reading a raw YAML tree."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def add(self, path: str, problem: str, fix: str) -> None:
+        self.problems.append(Problem(path, problem, fix))
+
+    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.add(path, f"expected a mapping, got {type(value).__name__} {value!r}",
+                     f"write it as keys: {', '.join(sorted(allowed))}")
+            return {}
+        for key in value:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(sorted(allowed))}"
+                self.add(_join(path, str(key)), f"unknown key {key!r}", hint)
+        return {k: v for k, v in value.items() if k in allowed}
+
+    def quantity(self, value: Any, path: str, parse: Callable[[Any], float], *, minimum: float = 0.0,
+                 strict: bool = False, maximum: float | None = None) -> float | None:
+        try:
+            number = parse(value)
+        except units.UnitError as exc:
+            self.add(path, str(exc).split(";")[0], str(exc).split(";")[-1].strip())
+            return None
+        if number < minimum or (strict and number == minimum):
+            op = ">" if strict else ">="
+            self.add(path, f"{value!r} is out of range", f"it must be {op} {minimum:g}")
+            return None
+        if maximum is not None and number > maximum:
+            self.add(path, f"{value!r} is too large", f"it must be <= {maximum:g}")
+            return None
+        return number
+
+    def boolean(self, value: Any, path: str) -> bool | None:
+        if isinstance(value, bool):
+            return value
+        self.add(path, f"expected true or false, got {value!r}", "write true or false (no quotes)")
+        return None
+
+    def name(self, value: Any, path: str, what: str) -> str | None:
+        if isinstance(value, str) and NAME_RE.match(value):
+            return value
+        self.add(path, f"invalid {what} name {value!r}", NAME_RULE)
+        return None
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read and validate a topology file. Raises `TopologyError` naming the file for any problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise TopologyError(source, [Problem("", f"cannot read file: {exc.strerror}",
+                                             "give the path of a topology YAML file (see topologies/)")]) from exc
+    return parse_topology(text, source)
+
+
+def parse_topology(text: str, source: str = "<string>") -> Topology:
+    """Validate topology YAML text. `source` names the file in error messages."""
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise TopologyError(source, [Problem(where, f"YAML syntax error: {problem}",
+                                             "fix the YAML syntax at that position")]) from exc
+    check = _Checker()
+    topology = _build(raw, check, source)
+    if check.problems or topology is None:
+        raise TopologyError(source, check.problems)
+    return topology
+
+
+def _build(raw: Any, check: _Checker, source: str) -> Topology | None:
+    if not isinstance(raw, dict):
+        check.add("", "the file is not a YAML mapping", "start with 'name:', 'datacenters:' and 'links:'")
+        return None
+    top = check.mapping(raw, "", TOP_KEYS)
+    for required in ("name", "datacenters"):
+        if required not in top:
+            check.add(required, "missing required key", f"add '{required}:' at the top level")
+    name = check.name(top["name"], "name", "topology") if "name" in top else None
+    description = str(top.get("description", ""))
+
+    defaults = check.mapping(top.get("defaults"), "defaults", DEFAULT_KEYS)
+    fabric_default = {**BUILTIN_DEFAULTS["fabric"], **check.mapping(defaults.get("fabric"), "defaults.fabric", FABRIC_KEYS)}
+    link_default = {**BUILTIN_DEFAULTS["link"], **check.mapping(defaults.get("link"), "defaults.link", LINK_DEFAULT_KEYS)}
+
+    dcs, dc_link_defaults = _build_datacenters(top.get("datacenters"), fabric_default, check)
+    links = _build_links(top.get("links"), dcs, link_default, dc_link_defaults, check)
+    _check_connected(dcs, links, check)
+    base = _build_addressing(top.get("addressing"), len(dcs), len(links), check)
+    if check.problems or name is None or base is None:
+        return None
+    return Topology(name=name, description=description, source=source, datacenters=tuple(dcs),
+                    links=tuple(links), address_base=base)
+
+
+def _build_datacenters(raw: Any, fabric_default: dict[str, Any], check: _Checker
+                       ) -> tuple[list[Datacenter], dict[str, dict[str, Any]]]:
+    dcs: list[Datacenter] = []
+    link_defaults: dict[str, dict[str, Any]] = {}
+    if raw is None:
+        return dcs, link_defaults
+    if not isinstance(raw, dict) or not raw:
+        check.add("datacenters", "expected a non-empty mapping of datacenter name to its spec",
+                  "write e.g. 'datacenters: {dc-a: {hosts: 2}, dc-b: {hosts: 2}}'")
+        return dcs, link_defaults
+    host_owner: dict[str, str] = {}
+    for dc_name, spec in raw.items():
+        path = _join("datacenters", str(dc_name))
+        if check.name(dc_name, path, "datacenter") is None:
+            continue
+        spec = check.mapping(spec, path, DC_KEYS)
+        fabric_raw = {**fabric_default, **check.mapping(spec.get("fabric"), _join(path, "fabric"), FABRIC_KEYS)}
+        rate = check.quantity(fabric_raw["rate"], _join(path, "fabric.rate"), units.parse_rate, strict=True,
+                              maximum=MAX_RATE_BPS)
+        latency = check.quantity(fabric_raw["latency"], _join(path, "fabric.latency"), units.parse_time)
+        hosts = _build_hosts(spec.get("hosts", 0), dc_name, _join(path, "hosts"), host_owner, check)
+        link_defaults[dc_name] = check.mapping(spec.get("link"), _join(path, "link"), LINK_DEFAULT_KEYS)
+        if rate is not None and latency is not None:
+            dcs.append(Datacenter(name=dc_name, hosts=hosts, fabric=Fabric(rate_bps=rate, latency_s=latency)))
+    routers = {f"{dc.name}{ROUTER_SUFFIX}" for dc in dcs}
+    for host, dc_name in host_owner.items():
+        if host in routers:
+            check.add(_join("datacenters", dc_name), f"host name {host!r} is taken by a datacenter's router",
+                      f"rename the host; '<dc>{ROUTER_SUFFIX}' names are reserved for routers")
+    if dcs and not any(dc.hosts for dc in dcs):
+        check.add("datacenters", "no datacenter has any host", "give at least one datacenter 'hosts: N'")
+    return dcs, link_defaults
+
+
+def _build_hosts(raw: Any, dc: str, path: str, owner: dict[str, str], check: _Checker) -> tuple[str, ...]:
+    if isinstance(raw, bool) or not isinstance(raw, (int, list)):
+        check.add(path, f"expected a host count or a list of host names, got {raw!r}",
+                  "write 'hosts: 2' or 'hosts: [gpu1, gpu2]'")
+        return ()
+    if isinstance(raw, int):
+        if not 0 <= raw <= 200:
+            check.add(path, f"host count {raw} is out of range", "use 0 to 200 hosts per datacenter")
+            return ()
+        names: list[Any] = [f"{dc}-h{i + 1}" for i in range(raw)]
+    else:
+        names = raw
+    result: list[str] = []
+    for i, host in enumerate(names):
+        hpath = _join(path, i) if isinstance(raw, list) else path
+        if check.name(host, hpath, "host") is None:
+            continue
+        if host in owner:
+            check.add(hpath, f"duplicate host {host!r} (already in datacenter {owner[host]!r})",
+                      "host names must be unique across the whole topology")
+            continue
+        owner[host] = dc
+        result.append(host)
+    return tuple(result)
+
+
+def _build_links(raw: Any, dcs: list[Datacenter], link_default: dict[str, Any],
+                 dc_link_defaults: dict[str, dict[str, Any]], check: _Checker) -> list[OtnLink]:
+    links: list[OtnLink] = []
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        check.add("links", f"expected a list of links, got {type(raw).__name__}",
+                  "write 'links:' followed by '- {a: dc-a, b: dc-b, distance: 1000km}' items")
+        return links
+    known = [dc.name for dc in dcs]
+    pairs: dict[frozenset[str], int] = {}
+    for i, item in enumerate(raw):
+        path = _join("links", i)
+        spec = check.mapping(item, path, LINK_KEYS)
+        ends = []
+        for end in ("a", "b"):
+            value = spec.get(end)
+            if value is None:
+                check.add(_join(path, end), "missing link end", f"set '{end}:' to one of: {', '.join(known)}")
+            elif value not in known:
+                close = difflib.get_close_matches(str(value), known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(known)}"
+                check.add(_join(path, end), f"unknown datacenter {value!r}", hint)
+            else:
+                ends.append(value)
+        if len(ends) != 2:
+            continue
+        a, b = ends
+        if a == b:
+            check.add(_join(path, "b"), f"link joins datacenter {a!r} to itself", "a link must join two datacenters")
+            continue
+        pair = frozenset(ends)
+        if pair in pairs:
+            check.add(path, f"second link between {a!r} and {b!r} (first is links[{pairs[pair]}])",
+                      "parallel links are not supported; merge them into one link with the summed rate")
+            continue
+        pairs[pair] = i
+        link = _build_link(i, a, b, spec, path, link_default, dc_link_defaults, check)
+        if link is not None:
+            links.append(link)
+    return links
+
+
+def _build_link(index: int, a: str, b: str, spec: dict[str, Any], path: str, link_default: dict[str, Any],
+                dc_link_defaults: dict[str, dict[str, Any]], check: _Checker) -> OtnLink | None:
+    distance = None
+    if "distance" in spec and "distance_km" in spec:
+        check.add(_join(path, "distance_km"), "both 'distance' and 'distance_km' given", "keep one of them")
+    for key in ("distance", "distance_km"):
+        if key in spec:
+            distance = check.quantity(spec[key], _join(path, key), units.parse_distance_km)
+    if distance is None and "delay" not in spec and not any(
+            "delay" in (spec.get(d) or {}) for d in ("a_to_b", "b_to_a") if isinstance(spec.get(d), dict)):
+        if not any(p.path.startswith(_join(path, "distance")) for p in check.problems):
+            check.add(path, "link has neither 'distance' nor 'delay'",
+                      "add 'distance: 1000km' (5 us/km of fibre) or an explicit one-way 'delay: 5ms'")
+        return None
+    mtu = spec.get("mtu", link_default["mtu"])
+    if isinstance(mtu, bool) or not isinstance(mtu, int) or not 576 <= mtu <= 9000:
+        check.add(_join(path, "mtu"), f"MTU {mtu!r} is out of range", "use an integer from 576 to 9000")
+        mtu = None
+    lossless = check.boolean(spec.get("lossless", link_default["lossless"]), _join(path, "lossless"))
+    real_rate = None
+    if "real_rate" in spec:
+        real_rate = check.quantity(spec["real_rate"], _join(path, "real_rate"), units.parse_rate, strict=True)
+    directions = []
+    for key, src in (("a_to_b", a), ("b_to_a", b)):
+        dpath = _join(path, key)
+        own = check.mapping(spec.get(key), dpath, DIRECTION_KEYS)
+        merged = {**link_default, **dc_link_defaults.get(src, {}),
+                  **{k: v for k, v in spec.items() if k in DIRECTION_KEYS}, **own}
+        directions.append(_build_direction(merged, own, spec, dpath, path, distance, bool(lossless), check))
+    if mtu is None or lossless is None or None in directions:
+        return None
+    return OtnLink(index=index, a=a, b=b, distance_km=distance, mtu=mtu, lossless=lossless,
+                   a_to_b=directions[0], b_to_a=directions[1], real_rate_bps=real_rate)
+
+
+def _build_direction(merged: dict[str, Any], own: dict[str, Any], link_spec: dict[str, Any], dpath: str,
+                     lpath: str, distance: float | None, lossless: bool, check: _Checker) -> Direction | None:
+    def where(key: str) -> str:
+        return _join(dpath, key) if key in own else _join(lpath, key)
+
+    rate = check.quantity(merged["rate"], where("rate"), units.parse_rate, strict=True, maximum=MAX_RATE_BPS)
+    extra = check.quantity(merged.get("extra_delay", 0), where("extra_delay"), units.parse_time)
+    if "delay" in merged:
+        delay = check.quantity(merged["delay"], where("delay"), units.parse_time)
+    else:
+        delay = None if distance is None else distance * FIBRE_DELAY_S_PER_KM
+    jitter = check.quantity(merged["jitter"], where("jitter"), units.parse_time)
+    loss = check.quantity(merged["loss"], where("loss"), units.parse_fraction)
+    if loss is not None and loss > 1:
+        check.add(where("loss"), f"loss {merged['loss']!r} is above 100 %", "give a probability like '0.1%' or 0.001")
+        loss = None
+    if loss and lossless:
+        check.add(where("loss"), f"loss {merged['loss']!r} on a lossless link",
+                  f"set '{_join(lpath, 'lossless')}: false' for a fault experiment, or remove 'loss'")
+        loss = None
+    if None in (rate, extra, delay, jitter, loss):
+        return None
+    assert rate is not None and extra is not None and delay is not None and jitter is not None and loss is not None
+    total = delay + extra
+    if jitter > total:
+        check.add(where("jitter"), f"jitter {merged['jitter']!r} exceeds the one-way delay {units.format_time(total)}",
+                  "use a jitter at most the delay")
+        return None
+    if total > 1.0:
+        check.add(where("delay"), f"one-way delay {units.format_time(total)} is above 1 s",
+                  "give a delay in ms (a 20000 km fibre is 100 ms)")
+        return None
+    return Direction(delay_s=total, rate_bps=rate, jitter_s=jitter, loss=loss)
+
+
+def _check_connected(dcs: list[Datacenter], links: list[OtnLink], check: _Checker) -> None:
+    if len(dcs) < 2:
+        return
+    adjacency: dict[str, set[str]] = {dc.name: set() for dc in dcs}
+    for link in links:
+        adjacency[link.a].add(link.b)
+        adjacency[link.b].add(link.a)
+    seen = {dcs[0].name}
+    frontier = [dcs[0].name]
+    while frontier:
+        for nxt in adjacency[frontier.pop()] - seen:
+            seen.add(nxt)
+            frontier.append(nxt)
+    cut_off = [dc.name for dc in dcs if dc.name not in seen]
+    if cut_off:
+        check.add("links", f"datacenter(s) {', '.join(cut_off)} not connected to {dcs[0].name}",
+                  f"add a link joining {cut_off[0]} to the rest, e.g. '- {{a: {dcs[0].name}, b: {cut_off[0]}, distance: 100km}}'")
+
+
+def _build_addressing(raw: Any, n_dcs: int, n_links: int, check: _Checker) -> ipaddress.IPv4Network | None:
+    spec = check.mapping(raw, "addressing", ADDRESSING_KEYS)
+    base_text = spec.get("base", DEFAULT_ADDRESS_BASE)
+    try:
+        base = ipaddress.IPv4Network(str(base_text))
+    except ValueError as exc:
+        check.add("addressing.base", f"invalid IPv4 network {base_text!r} ({exc})", "write it like 10.100.0.0/16")
+        return None
+    if not base.is_private:
+        check.add("addressing.base", f"{base} is not a private range",
+                  "use a private block such as 10.100.0.0/16; the testbed's addresses live only inside its namespaces")
+        return None
+    needed = n_dcs + (1 if n_links else 0)
+    if base.prefixlen > 24 or 2 ** (24 - base.prefixlen) < needed or n_links > 64:
+        check.add("addressing.base", f"{base} is too small for {n_dcs} datacenters and {n_links} links",
+                  "use a /16 (one /24 per datacenter plus one /24 for OTN point-to-point /30s)")
+        return None
+    return base

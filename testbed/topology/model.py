@@ -1,0 +1,105 @@
+"""Frozen dataclasses for a validated topology. Pure data: nothing here touches the kernel."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+FIBRE_DELAY_S_PER_KM = 5e-6
+"""One-way propagation delay in optical fibre (refractive index ~1.47): 5 us per km."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    """The intra-datacenter network that joins a DC's hosts to its router."""
+
+    rate_bps: float
+    """Per-host port rate, bits/s."""
+    latency_s: float
+    """One-way host-to-router latency, seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Datacenter:
+    """A datacenter: some hosts behind one router."""
+
+    name: str
+    hosts: tuple[str, ...]
+    """Host names in the order their pipeline stages are assigned."""
+    fabric: Fabric
+
+
+@dataclass(frozen=True, slots=True)
+class Direction:
+    """What one direction of an OTN link must deliver."""
+
+    delay_s: float
+    """One-way delay: propagation (from distance) or explicit, plus any extra fixed delay."""
+    rate_bps: float
+    jitter_s: float = 0.0
+    loss: float = 0.0
+    """Random loss probability, only for fault experiments on links with `lossless: false`."""
+
+
+@dataclass(frozen=True, slots=True)
+class OtnLink:
+    """A point-to-point OTN link between two datacenters' routers."""
+
+    index: int
+    a: str
+    b: str
+    distance_km: float | None
+    mtu: int
+    lossless: bool
+    a_to_b: Direction
+    b_to_a: Direction
+    real_rate_bps: float | None = None
+    """The deployment's real wavelength rate, when the file scales it down to what one machine emulates."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.a}--{self.b}"
+
+    @property
+    def scale(self) -> float | None:
+        """Emulated rate / real rate (e.g. 1/400), or None when the file gives no real rate."""
+        if self.real_rate_bps is None:
+            return None
+        return min(self.a_to_b.rate_bps, self.b_to_a.rate_bps) / self.real_rate_bps
+
+    def direction(self, src: str) -> Direction:
+        """The direction that leaves datacenter `src`."""
+        if src == self.a:
+            return self.a_to_b
+        if src == self.b:
+            return self.b_to_a
+        raise KeyError(f"{src} is not an end of link {self.name}")
+
+    def other(self, dc: str) -> str:
+        return self.b if dc == self.a else self.a
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """A validated topology: datacenters in file order, links in file order."""
+
+    name: str
+    description: str
+    source: str
+    datacenters: tuple[Datacenter, ...]
+    links: tuple[OtnLink, ...]
+    address_base: ipaddress.IPv4Network
+
+    def dc(self, name: str) -> Datacenter:
+        for dc in self.datacenters:
+            if dc.name == name:
+                return dc
+        raise KeyError(name)
+
+    @property
+    def hosts(self) -> tuple[tuple[str, str], ...]:
+        """(host, dc) pairs in pipeline order: DC order, then host order."""
+        return tuple((h, dc.name) for dc in self.datacenters for h in dc.hosts)
+
+    def links_of(self, dc: str) -> tuple[OtnLink, ...]:
+        return tuple(link for link in self.links if dc in (link.a, link.b))
