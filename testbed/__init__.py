@@ -1,0 +1,1 @@
+"""Emulated multi-datacenter testbed for geo-distributed pipeline-parallel training."""

@@ -20,8 +20,8 @@ from testbed import units
 from testbed.topology.errors import Problem, TopologyError
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM, Datacenter, Direction, Fabric, OtnLink, Topology
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,27}$")
-NAME_RULE = "names are 1-28 characters of a-z, 0-9 and '-', starting with a letter"
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,27}$")
+NAME_RULE = "names are 1-28 characters of a-z, 0-9 and '-', starting with a letter or digit"
 
 TOP_KEYS = {"name", "description", "defaults", "datacenters", "links", "addressing"}
 DEFAULT_KEYS = {"fabric", "link"}

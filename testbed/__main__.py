@@ -1,0 +1,7 @@
+"""`python -m testbed` is the `testbed` command."""
+
+import sys
+
+from testbed.cli import main
+
+sys.exit(main())

@@ -1,0 +1,98 @@
+"""Bring testbeds up and down: the glue between topology, plan, state and backend."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from testbed import state as statefile
+from testbed.backends import BACKENDS, Backend, BackendError, backend_for
+from testbed.plan import Plan, build_plan
+from testbed.state import TestbedState
+from testbed.topology import Topology, load_topology
+
+
+@dataclass(frozen=True, slots=True)
+class UpResult:
+    plan: Plan
+    seconds: float
+
+
+class Interrupted(BaseException):
+    """SIGTERM/SIGHUP during a lifecycle operation: unwind and clean up like Ctrl-C."""
+
+
+@contextmanager
+def interrupts_unwind() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into an exception so `finally`/cleanup code runs."""
+    def raise_interrupted(signum: int, _frame: FrameType | None) -> None:
+        raise Interrupted(f"received signal {signal.Signals(signum).name}")
+    previous = {s: signal.signal(s, raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def up(topology_path: Path, name: str | None = None, backend: str = "netns") -> UpResult:
+    """Validate, plan and deploy. On any failure or interrupt, nothing is left behind."""
+    topology: Topology = load_topology(topology_path)
+    plan = build_plan(topology, name)
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    with interrupts_unwind(), statefile.locked():
+        if statefile.exists(plan.testbed):
+            raise BackendError(f"testbed {plan.testbed!r} is already up; run 'testbed down {plan.testbed}' first "
+                               "or give this one another --name")
+        state = TestbedState(name=plan.testbed, backend=backend, topology_source=str(topology_path))
+        started = time.perf_counter()
+        backend_for(state).deploy(plan)
+        return UpResult(plan=plan, seconds=time.perf_counter() - started)
+
+
+def down(name: str) -> float:
+    """Remove a testbed (also a half-built one whose creator died). Returns the seconds it took."""
+    with interrupts_unwind(), statefile.locked():
+        if not statefile.exists(name):
+            raise BackendError(f"no testbed named {name!r} is up; 'testbed status' lists them")
+        started = time.perf_counter()
+        backend_for(TestbedState.load(name)).destroy()
+        return time.perf_counter() - started
+
+
+def resolve_name(name: str | None) -> str:
+    """The testbed a command means: the one given, or the only one up."""
+    if name:
+        return name
+    names = [s.name for s in statefile.list_states()]
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise BackendError("no testbed is up; bring one up with 'testbed up TOPOLOGY'")
+    raise BackendError(f"several testbeds are up ({', '.join(names)}); name one")
+
+
+def open_backend(name: str | None) -> Backend:
+    """The backend of a running testbed."""
+    resolved = resolve_name(name)
+    if not statefile.exists(resolved):
+        raise BackendError(f"no testbed named {resolved!r} is up; 'testbed status' lists them")
+    return backend_for(TestbedState.load(resolved))
+
+
+def find_node(node: str, name: str | None) -> Backend:
+    """The backend of the testbed that has `node` (searching all running testbeds when no name is given)."""
+    if name:
+        return open_backend(name)
+    owners = [s for s in statefile.list_states() if any(n["name"] == node for n in s.plan.get("nodes", []))]
+    if len(owners) == 1:
+        return backend_for(owners[0])
+    if not owners:
+        raise BackendError(f"no running testbed has a node named {node!r}; 'testbed status' lists the nodes")
+    raise BackendError(f"node {node!r} exists in {', '.join(s.name for s in owners)}; choose one with --name")

@@ -1,0 +1,85 @@
+"""Check a running testbed against its plan by reading the kernel back and measuring.
+
+This covers reachability (all host pairs) and routing (the kernel's route to each DC subnet follows the
+planned shortest-delay path). Link delay/rate checks are added by the shaping layer.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from pyroute2 import IPRoute
+
+from testbed.backends import nsfs
+from testbed.probe.icmp import echo_all
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One verified property: what was expected, what was measured, pass or fail."""
+
+    kind: str
+    subject: str
+    expected: str
+    measured: str
+    ok: bool
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """All checks of one verify run."""
+
+    testbed: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+
+def check_reachability(plan: dict, count: int = 1, timeout_s: float = 2.0) -> list[Check]:
+    """Echo from every host to every other host; one check per ordered pair."""
+    hosts = [n for n in plan["nodes"] if n["role"] == "host"]
+    addr = {h["name"]: h["interfaces"][0]["address"].split("/")[0] for h in hosts}
+    targets = {h["netns"]: [addr[o["name"]] for o in hosts if o is not h] for h in hosts}
+    results = {(r.src, r.dst): r for r in echo_all(targets, count=count, timeout_s=timeout_s)}
+    name_of_ns = {h["netns"]: h["name"] for h in hosts}
+    name_of_addr = {v: k for k, v in addr.items()}
+    checks = []
+    for (src, dst), r in sorted(results.items()):
+        rtt = f"{min(r.rtts_s) * 1e3:.3f} ms" if r.rtts_s else "no reply"
+        checks.append(Check("reach", f"{name_of_ns[src]} -> {name_of_addr[dst]}", f"{r.sent}/{r.sent} replies",
+                            f"{r.received}/{r.sent} ({rtt})", r.ok))
+    return checks
+
+
+def check_routes(plan: dict) -> list[Check]:
+    """Ask each router's kernel for its route to every other DC subnet and compare with the plan."""
+    checks = []
+    for node in (n for n in plan["nodes"] if n["role"] == "router"):
+        with nsfs.entered(node["netns"]):
+            ipr = IPRoute()
+        with ipr:
+            for route in node["routes"]:
+                probe = str(ipaddress.IPv4Network(route["dst"]).network_address + 11)
+                got = ipr.route("get", dst=probe)
+                gateway = got[0].get("RTA_GATEWAY") if got else None
+                oif = got[0].get("RTA_OIF") if got else None
+                dev = ipr.get_links(oif)[0].get("IFLA_IFNAME") if oif else None
+                expected = f"via {route['gateway']} dev {route['dev']}"
+                measured = f"via {gateway} dev {dev}"
+                checks.append(Check("route", f"{node['name']} -> {route['dst']}", expected, measured,
+                                    expected == measured))
+    return checks
+
+
+def verify_basic(plan: dict) -> VerifyReport:
+    """Reachability and routes of a running testbed."""
+    report = VerifyReport(testbed=plan["testbed"])
+    report.checks += check_routes(plan)
+    report.checks += check_reachability(plan)
+    return report
