@@ -100,7 +100,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
+    argv = args.command
     if not argv:
         raise BackendError("no command given; write: testbed exec NODE -- CMD [ARGS...]")
     backend = lifecycle.find_node(args.node, args.name)
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("exec", help="run a command in a node's namespace: testbed exec NODE -- CMD...")
     p.add_argument("node")
     p.add_argument("--name", help="testbed (when several have this node)")
-    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.add_argument("command", nargs="*", help="the command, after --")
     p.set_defaults(func=cmd_exec)
 
     p = sub.add_parser("verify", help="check a running testbed against its plan")
@@ -197,7 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail: list[str] | None = None
+    if "exec" in argv and "--" in argv and argv.index("exec") < argv.index("--"):
+        argv, tail = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = build_parser().parse_args(argv)
+    if tail is not None:
+        args.command = tail
     needs_root = args.cmd in ("up", "down", "exec", "verify")
     try:
         if needs_root and os.geteuid() != 0:

@@ -8,19 +8,24 @@ from __future__ import annotations
 
 import re
 
-_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+_NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
 
 class UnitError(ValueError):
-    """A value could not be parsed as the expected quantity."""
+    """A value could not be parsed as the expected quantity: what is wrong, and how to write it."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}; {fix}")
+        self.problem = problem
+        self.fix = fix
 
 
 _RATE_UNITS: dict[str, float] = {
-    "": 1.0, "bit": 1.0, "bps": 1.0, "b": 1.0,
-    "k": 1e3, "kbit": 1e3, "kbps": 1e3, "kb": 1e3,
-    "m": 1e6, "mbit": 1e6, "mbps": 1e6, "mb": 1e6,
-    "g": 1e9, "gbit": 1e9, "gbps": 1e9, "gb": 1e9,
-    "t": 1e12, "tbit": 1e12, "tbps": 1e12, "tb": 1e12,
+    "": 1.0, "bit": 1.0,
+    "k": 1e3, "kbit": 1e3,
+    "m": 1e6, "mbit": 1e6,
+    "g": 1e9, "gbit": 1e9,
+    "t": 1e12, "tbit": 1e12,
 }
 _TIME_UNITS: dict[str, float] = {
     "s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9,
@@ -34,14 +39,14 @@ _SIZE_UNITS: dict[str, int] = {
 
 def _split(text: object, what: str, example: str) -> tuple[float, str]:
     if isinstance(text, bool):
-        raise UnitError(f"expected a {what} such as {example}, got {text!r}")
+        raise UnitError(f"expected a {what}, got {text!r}", f"write it like {example}")
     if isinstance(text, (int, float)):
         return float(text), ""
     if not isinstance(text, str):
-        raise UnitError(f"expected a {what} such as {example}, got {text!r}")
+        raise UnitError(f"expected a {what}, got {text!r}", f"write it like {example}")
     m = re.fullmatch(_NUMBER + r"\s*([a-zA-Zµ]*)", text.strip())
     if not m:
-        raise UnitError(f"cannot parse {text!r} as a {what}; write it like {example}")
+        raise UnitError(f"cannot parse {text!r} as a {what}", f"write it like {example}")
     return float(m.group(1)), m.group(2).lower()
 
 
@@ -49,9 +54,15 @@ def parse_rate(text: object) -> float:
     """Rate in bits/s. `10gbit`, `400G`, `100mbit`, `1e9` (bare numbers are bits/s)."""
     value, unit = _split(text, "rate", "'10gbit', '400G' or '100mbit'")
     if unit not in _RATE_UNITS:
-        hint = " (rates are in bits: use 'gbit' or 'G'; bytes/s are not accepted)" if unit.endswith(("byte", "bs")) else ""
-        raise UnitError(f"unknown rate unit {unit!r} in {text!r}{hint}; use bit, kbit, mbit, gbit, tbit (or k/M/G/T)")
+        raise UnitError(f"unknown rate unit {unit!r} in {text!r}{_rate_hint(unit)}",
+                        "use bit, kbit, mbit, gbit, tbit (or k/M/G/T), e.g. '10gbit'")
     return value * _RATE_UNITS[unit]
+
+
+def _rate_hint(unit: str) -> str:
+    if unit.endswith(("bps", "b", "byte", "bytes")):
+        return " (ambiguous: Gbps, GBps, Gb and GB could mean bits or bytes; rates are written in bits, as in tc)"
+    return ""
 
 
 def parse_time(text: object) -> float:
@@ -60,7 +71,7 @@ def parse_time(text: object) -> float:
     if unit == "":
         return value * 1e-3
     if unit not in _TIME_UNITS:
-        raise UnitError(f"unknown time unit {unit!r} in {text!r}; use s, ms, us or ns")
+        raise UnitError(f"unknown time unit {unit!r} in {text!r}", "use s, ms, us or ns, e.g. '2.5ms'")
     return value * _TIME_UNITS[unit]
 
 
@@ -70,7 +81,7 @@ def parse_distance_km(text: object) -> float:
     if unit == "":
         return value
     if unit not in _DISTANCE_UNITS:
-        raise UnitError(f"unknown distance unit {unit!r} in {text!r}; use km, m or mi")
+        raise UnitError(f"unknown distance unit {unit!r} in {text!r}", "use km, m or mi, e.g. '80km'")
     return value * _DISTANCE_UNITS[unit]
 
 
@@ -78,7 +89,7 @@ def parse_size(text: object) -> int:
     """Size in bytes. `64KiB`, `16MB`, `1500`."""
     value, unit = _split(text, "size", "'64KiB' or 1500")
     if unit not in _SIZE_UNITS:
-        raise UnitError(f"unknown size unit {unit!r} in {text!r}; use B, KB, MB, GB, KiB, MiB or GiB")
+        raise UnitError(f"unknown size unit {unit!r} in {text!r}", "use B, KB, MB, GB, KiB, MiB or GiB")
     return int(round(value * _SIZE_UNITS[unit]))
 
 
@@ -89,7 +100,7 @@ def parse_fraction(text: object) -> float:
         return value / 100.0
     value, unit = _split(text, "fraction", "'0.1%' or 0.001")
     if unit:
-        raise UnitError(f"cannot parse {text!r} as a fraction; write '0.1%' or 0.001")
+        raise UnitError(f"cannot parse {text!r} as a fraction", "write '0.1%' or 0.001")
     return value
 
 

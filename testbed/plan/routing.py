@@ -27,7 +27,7 @@ def shortest_paths(topology: Topology, src: str) -> dict[str, list[str]]:
 def path_delay(topology: Topology, path: list[str]) -> float:
     """Total one-way delay along a DC path."""
     total = 0.0
-    for here, nxt in zip(path, path[1:]):
+    for here, nxt in zip(path, path[1:], strict=False):
         link = next(lk for lk in topology.links_of(here) if lk.other(here) == nxt)
         total += link.direction(here).delay_s
     return total
@@ -36,7 +36,7 @@ def path_delay(topology: Topology, path: list[str]) -> float:
 def path_rate(topology: Topology, path: list[str]) -> float:
     """Bottleneck rate along a DC path (inf for a path within one DC)."""
     rate = float("inf")
-    for here, nxt in zip(path, path[1:]):
+    for here, nxt in zip(path, path[1:], strict=False):
         link = next(lk for lk in topology.links_of(here) if lk.other(here) == nxt)
         rate = min(rate, link.direction(here).rate_bps)
     return rate

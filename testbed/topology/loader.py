@@ -67,7 +67,9 @@ class _Checker:
         self.problems: list[Problem] = []
 
     def add(self, path: str, problem: str, fix: str) -> None:
-        self.problems.append(Problem(path, problem, fix))
+        item = Problem(path, problem, fix)
+        if item not in self.problems:
+            self.problems.append(item)
 
     def mapping(self, value: Any, path: str, allowed: set[str]) -> dict[str, Any]:
         if value is None:
@@ -88,7 +90,7 @@ class _Checker:
         try:
             number = parse(value)
         except units.UnitError as exc:
-            self.add(path, str(exc).split(";")[0], str(exc).split(";")[-1].strip())
+            self.add(path, exc.problem, exc.fix)
             return None
         if number < minimum or (strict and number == minimum):
             op = ">" if strict else ">="
@@ -137,6 +139,8 @@ def parse_topology(text: str, source: str = "<string>") -> Topology:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
+        if problem.startswith("duplicate key"):
+            raise TopologyError(source, [Problem(where, problem, "remove or rename one of the two entries")]) from exc
         raise TopologyError(source, [Problem(where, f"YAML syntax error: {problem}",
                                              "fix the YAML syntax at that position")]) from exc
     check = _Checker()
@@ -162,8 +166,8 @@ def _build(raw: Any, check: _Checker, source: str) -> Topology | None:
     link_default = {**BUILTIN_DEFAULTS["link"], **check.mapping(defaults.get("link"), "defaults.link", LINK_DEFAULT_KEYS)}
 
     dcs, dc_link_defaults = _build_datacenters(top.get("datacenters"), fabric_default, check)
-    links = _build_links(top.get("links"), dcs, link_default, dc_link_defaults, check)
-    _check_connected(dcs, links, check)
+    links, pairs = _build_links(top.get("links"), dcs, link_default, dc_link_defaults, check)
+    _check_connected(dcs, pairs, check)
     base = _build_addressing(top.get("addressing"), len(dcs), len(links), check)
     if check.problems or name is None or base is None:
         return None
@@ -232,14 +236,16 @@ def _build_hosts(raw: Any, dc: str, path: str, owner: dict[str, str], check: _Ch
 
 
 def _build_links(raw: Any, dcs: list[Datacenter], link_default: dict[str, Any],
-                 dc_link_defaults: dict[str, dict[str, Any]], check: _Checker) -> list[OtnLink]:
+                 dc_link_defaults: dict[str, dict[str, Any]], check: _Checker
+                 ) -> tuple[list[OtnLink], list[frozenset[str]]]:
+    """Links that validated, and the DC pairs of every link whose ends are valid (for the connectivity check)."""
     links: list[OtnLink] = []
     if raw is None:
         raw = []
     if not isinstance(raw, list):
         check.add("links", f"expected a list of links, got {type(raw).__name__}",
                   "write 'links:' followed by '- {a: dc-a, b: dc-b, distance: 1000km}' items")
-        return links
+        return links, []
     known = [dc.name for dc in dcs]
     pairs: dict[frozenset[str], int] = {}
     for i, item in enumerate(raw):
@@ -271,7 +277,7 @@ def _build_links(raw: Any, dcs: list[Datacenter], link_default: dict[str, Any],
         link = _build_link(i, a, b, spec, path, link_default, dc_link_defaults, check)
         if link is not None:
             links.append(link)
-    return links
+    return links, list(pairs)
 
 
 def _build_link(index: int, a: str, b: str, spec: dict[str, Any], path: str, link_default: dict[str, Any],
@@ -344,13 +350,15 @@ def _build_direction(merged: dict[str, Any], own: dict[str, Any], link_spec: dic
     return Direction(delay_s=total, rate_bps=rate, jitter_s=jitter, loss=loss)
 
 
-def _check_connected(dcs: list[Datacenter], links: list[OtnLink], check: _Checker) -> None:
+def _check_connected(dcs: list[Datacenter], pairs: list[frozenset[str]], check: _Checker) -> None:
     if len(dcs) < 2:
         return
     adjacency: dict[str, set[str]] = {dc.name: set() for dc in dcs}
-    for link in links:
-        adjacency[link.a].add(link.b)
-        adjacency[link.b].add(link.a)
+    for pair in pairs:
+        a, b = sorted(pair)
+        if a in adjacency and b in adjacency:
+            adjacency[a].add(b)
+            adjacency[b].add(a)
     seen = {dcs[0].name}
     frontier = [dcs[0].name]
     while frontier:

@@ -1,0 +1,63 @@
+"""Shared fixtures. Tiers: unit (no root), `root` (namespaces), `vm`, `mininet`, `multihost`, `slow`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+IS_ROOT = os.geteuid() == 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "root" in item.keywords and not IS_ROOT:
+            item.add_marker(pytest.mark.skip(reason="needs root for network namespaces"))
+        if "mininet" in item.keywords and (not IS_ROOT or shutil.which("mnexec") is None):
+            item.add_marker(pytest.mark.skip(reason="Debian's mininet package is not installed"))
+
+
+@pytest.fixture(autouse=True)
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests keep their state files apart from a user's /run/testbed."""
+    monkeypatch.setenv("TESTBED_STATE_DIR", str(tmp_path_factory.getbasetemp() / "state"))
+
+
+@pytest.fixture
+def testbed_cli() -> list[str]:
+    return [sys.executable, "-m", "testbed"]
+
+
+def run_cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would, in a child process."""
+    result = subprocess.run([sys.executable, "-m", "testbed", *args], capture_output=True, text=True,
+                            timeout=timeout, cwd=REPO, env=os.environ.copy())
+    if check and result.returncode != 0:
+        raise AssertionError(f"testbed {' '.join(args)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def netns_with_prefix(prefix: str) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir("/run/netns") if n.startswith(prefix))
+    except FileNotFoundError:
+        return []
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A testbed name unique to this test; anything left under it is removed afterwards and fails the test."""
+    name = f"t{os.getpid() % 10000}-{abs(hash(request.node.nodeid)) % 100000}"
+    yield name
+    leftovers = netns_with_prefix(f"tb-{name}-")
+    if leftovers:
+        run_cli("down", name, check=False)
+        for ns in netns_with_prefix(f"tb-{name}-"):
+            subprocess.run(["ip", "netns", "del", ns], check=False)
+        pytest.fail(f"test left namespaces behind: {leftovers}")
