@@ -92,3 +92,26 @@ def test_all_problems_reported_at_once() -> None:
 def test_router_name_collision_rejected() -> None:
     with pytest.raises(TopologyError, match="taken by a datacenter's router"):
         parse_topology("name: t\ndatacenters: {a: {hosts: [b-rtr]}, b: {hosts: 1}}\nlinks: [{a: a, b: b, delay: 1ms}]")
+
+
+@pytest.mark.parametrize("path", shipped_topologies(), ids=lambda p: p.stem)
+def test_shipped_topologies_match_json_schema(path: Path) -> None:
+    import json
+
+    import jsonschema
+    import yaml
+
+    schema = json.loads((Path(__file__).parent.parent / "testbed" / "topology" / "schema.json").read_text())
+    jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+
+
+def test_schema_knows_every_key_the_loader_accepts() -> None:
+    import json
+
+    from testbed.topology import loader
+
+    schema = json.loads((Path(__file__).parent.parent / "testbed" / "topology" / "schema.json").read_text())
+    assert set(schema["properties"]) == loader.TOP_KEYS
+    assert set(schema["properties"]["links"]["items"]["properties"]) == loader.LINK_KEYS
+    assert set(schema["$defs"]["direction"]["properties"]) == loader.DIRECTION_KEYS
+    assert set(schema["$defs"]["linkDefaults"]["properties"]) == loader.LINK_DEFAULT_KEYS

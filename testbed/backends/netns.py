@@ -33,22 +33,19 @@ class NetnsBackend(Backend):
         self.state.save()
         sockets: dict[str, IPRoute] = {}
         try:
+            bridges: dict[str, int] = {}
             for node in plan.nodes:
-                nsfs.create(node.netns)
-                with nsfs.entered(node.netns):
-                    for key, value in node.sysctls:
-                        nsfs.write_sysctl(key, value)
-                    sockets[node.name] = IPRoute()
-                lo = sockets[node.name].link_lookup(ifname="lo")[0]
-                sockets[node.name].link("set", index=lo, state="up")
+                sockets[node.name] = _create_node(node)
+                if node.bridge:
+                    bridges[node.name] = _create_bridge(sockets[node.name], node.bridge)
             with IPRoute() as root:
                 for veth in plan.veths:
-                    root.link("add", ifname=veth.a_ifname, kind="veth", mtu=veth.mtu,
-                              net_ns_fd=plan.node(veth.a_node).netns,
-                              peer={"ifname": veth.b_ifname, "mtu": veth.mtu,
-                                    "net_ns_fd": plan.node(veth.b_node).netns})
+                    a, b = plan.node(veth.a_node), plan.node(veth.b_node)
+                    peer = {"ifname": veth.b_ifname, "mtu": veth.mtu, "net_ns_fd": b.netns}
+                    root.link("add", ifname=veth.a_ifname, kind="veth", mtu=veth.mtu, net_ns_fd=a.netns,
+                              state="up", peer=peer)
             for node in plan.nodes:
-                _configure_node(sockets[node.name], node)
+                _configure_node(sockets[node.name], node, bridges.get(node.name))
         except BaseException:
             for ipr in sockets.values():
                 ipr.close()
@@ -90,18 +87,38 @@ class NetnsBackend(Backend):
         raise BackendError(f"no node {node!r} in testbed {self.state.name!r}; nodes: {known}")
 
 
-def _configure_node(ipr: IPRoute, node: Node) -> None:
-    """Bridge, addresses, link state and routes of one node, through its namespace's netlink socket."""
-    if node.bridge:
-        ipr.link("add", ifname=node.bridge, kind="bridge", br_stp_state=0, br_forward_delay=0)
-        bridge = ipr.link_lookup(ifname=node.bridge)[0]
-        for port in node.bridge_ports:
-            ipr.link("set", index=ipr.link_lookup(ifname=port)[0], master=bridge)
+def _create_node(node: Node) -> IPRoute:
+    """Create the node's namespace, set its sysctls, bring `lo` up; return a netlink socket bound to it."""
+    nsfs.create(node.netns)
+    with nsfs.entered(node.netns):
+        for key, value in node.sysctls:
+            nsfs.write_sysctl(key, value)
+        ipr = IPRoute()
+    ipr.link("set", index=1, state="up")  # lo is always ifindex 1 in a new namespace
+    return ipr
+
+
+def _create_bridge(ipr: IPRoute, name: str) -> int:
+    ipr.link("add", ifname=name, kind="bridge", br_stp_state=0, br_forward_delay=0, state="up")
+    return int(ipr.link_lookup(ifname=name)[0])
+
+
+def _configure_node(ipr: IPRoute, node: Node, bridge: int | None) -> None:
+    """Link state, bridge ports, addresses and routes of one node, through its namespace's netlink socket.
+
+    A veth is created UP on its first end only (the kernel ignores the peer's flags), so peers are raised here.
+    """
+    links = ipr.get_links()
+    index = {link.get("IFLA_IFNAME"): link["index"] for link in links}
+    is_up = {link.get("IFLA_IFNAME"): bool(link["flags"] & 1) for link in links}
     for iface in node.interfaces:
-        index = ipr.link_lookup(ifname=iface.name)[0]
+        if iface.name in node.bridge_ports:
+            ipr.link("set", index=index[iface.name], master=bridge, state="up")
+        elif not is_up[iface.name]:
+            ipr.link("set", index=index[iface.name], state="up")
+    for iface in node.interfaces:
         if iface.address is not None:
-            ipr.addr("add", index=index, address=str(iface.address.ip), prefixlen=iface.address.network.prefixlen)
-        ipr.link("set", index=index, state="up")
+            ipr.addr("add", index=index[iface.name], address=str(iface.address.ip),
+                     prefixlen=iface.address.network.prefixlen)
     for route in node.routes:
-        ipr.route("add", dst=str(route.dst), gateway=str(route.gateway),
-                  oif=ipr.link_lookup(ifname=route.dev)[0])
+        ipr.route("add", dst=str(route.dst), gateway=str(route.gateway), oif=index[route.dev])

@@ -1,0 +1,60 @@
+# The user's front door. Everything installs into .venv/ at the repo root (idempotently).
+# A venv on Debian's /usr/bin/python3 with system site-packages, so Debian's mininet imports too.
+
+SHELL := /bin/bash
+PYTHON_SYS := /usr/bin/python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TESTBED := $(VENV)/bin/testbed
+TOPO ?= 2dc-1000km
+NAME ?=
+APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet python3-venv python3-dev
+STAMP := $(VENV)/.installed
+
+.PHONY: install apt test test-unit lint up down status plan doctor bench-up clean
+
+install: $(STAMP)
+
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "apt: installing $$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "apt packages missing ($$missing): run 'sudo make install'" >&2; exit 1; fi; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+$(STAMP): pyproject.toml | apt
+	test -x $(PY) || $(PYTHON_SYS) -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest
+
+test-unit: install
+	$(PY) -m pytest -m "not root and not vm and not mininet and not multihost"
+
+lint: install
+	$(VENV)/bin/ruff check testbed tests bench
+
+plan: install
+	$(TESTBED) plan $(TOPO)
+
+up: install
+	$(TESTBED) up $(TOPO) $(if $(NAME),--name $(NAME))
+
+down: install
+	$(TESTBED) down $(NAME)
+
+status: install
+	$(TESTBED) status $(NAME)
+
+doctor: install
+	$(TESTBED) doctor
+
+bench-up: install
+	$(PY) bench/bringup.py 4dc-32hosts --reps 3
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
