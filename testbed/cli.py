@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -12,6 +13,8 @@ from testbed import lifecycle, table, units
 from testbed.backends import BACKENDS, BackendError
 from testbed.paths import DEFAULT_TOPOLOGY, resolve_topology
 from testbed.plan import Plan, build_plan
+from testbed.shaping import CHOICES as SHAPER_CHOICES
+from testbed.shaping import ShaperError
 from testbed.state import list_states
 from testbed.topology import TopologyError, load_topology
 
@@ -45,20 +48,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    result = lifecycle.up(resolve_topology(args.topology), args.name, args.backend)
+    result = lifecycle.up(resolve_topology(args.topology), args.name, args.backend, args.shaper)
     plan = result.plan
     print(f"testbed {plan.testbed} up: {len(plan.nodes)} namespaces ({len(plan.hosts)} hosts), "
-          f"{len(plan.veths)} veth pairs, in {result.seconds:.2f} s ({args.backend} backend)")
-    if not args.no_verify:
-        from testbed.verify import verify_basic
-        report = verify_basic(plan.to_json())
+          f"{len(plan.veths)} veth pairs, in {result.seconds:.2f} s ({args.backend} backend); "
+          f"shaper {result.shaper} in {result.shaped_seconds:.2f} s")
+    if result.shaper == "none":
+        print("WARNING: --shaper none: OTN links carry NO delay and NO rate limit", file=sys.stderr)
+    level = "skip" if args.no_verify else args.verify
+    if level != "skip":
+        backend = lifecycle.open_backend(plan.testbed)
+        report = _run_verify(backend, level)
         bad = report.failures()
-        n_reach = sum(1 for c in report.checks if c.kind == "reach")
-        print(f"verify: {len(report.checks) - len(bad)}/{len(report.checks)} checks passed "
-              f"({n_reach} host pairs pinged, routes read back)")
+        print(f"verify ({level}): {len(report.checks) - len(bad)}/{len(report.checks)} checks passed")
+        _print_checks(report, show_all=False)
         if bad:
-            for c in bad[:10]:
-                print(f"  FAIL {c.kind} {c.subject}: expected {c.expected}, measured {c.measured}", file=sys.stderr)
             print(f"testbed: verification failed; the testbed stays up for inspection "
                   f"('testbed down {plan.testbed}' removes it)", file=sys.stderr)
             return 1
@@ -110,24 +114,73 @@ def cmd_exec(args: argparse.Namespace) -> int:
         raise BackendError(f"command not found: {argv[0]}") from None
 
 
+def _run_verify(backend: object, level: str) -> object:
+    from testbed.verify import verify_testbed
+    return verify_testbed(backend, level=level)  # type: ignore[arg-type]
+
+
+def _print_checks(report: object, show_all: bool) -> None:
+    checks = report.checks  # type: ignore[attr-defined]
+    rows = [(c.kind, c.subject, c.expected, c.measured, "pass" if c.ok else "FAIL") for c in checks
+            if show_all or not c.ok or c.kind not in ("reach", "route")]
+    print(table.render(["check", "subject", "expected", "measured", "result"], rows))
+    n_reach = sum(1 for c in checks if c.kind == "reach")
+    n_route = sum(1 for c in checks if c.kind == "route")
+    hidden = "" if show_all else f" ({n_reach} host pairs and {n_route} routes passed are not listed; --all lists them)"
+    print(f"{sum(c.ok for c in checks)}/{len(checks)} checks passed{hidden}")
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
-    from testbed.verify import verify_basic
     backend = lifecycle.open_backend(args.name)
-    report = verify_basic(backend.state.plan)
+    report = _run_verify(backend, "quick" if args.quick else "full")
     if args.json:
         print(json.dumps({"testbed": report.testbed, "ok": report.ok,
                           "checks": [_check_dict(c) for c in report.checks]},
                          indent=1))
     else:
-        rows = [(c.kind, c.subject, c.expected, c.measured, "pass" if c.ok else "FAIL") for c in report.checks
-                if args.all or not c.ok or c.kind != "reach"]
-        print(table.render(["check", "subject", "expected", "measured", "result"], rows, f"verify {report.testbed}"))
-        n_reach = sum(1 for c in report.checks if c.kind == "reach")
-        print(f"\n{len(report.checks) - len(report.failures())}/{len(report.checks)} checks passed "
-              f"({n_reach} host pairs; --all lists each)")
+        print(f"verify {report.testbed} (shaper {backend.state.extra.get('shaper', {}).get('name', 'none')})")
+        _print_checks(report, args.all)
     if not report.ok:
         print(f"testbed: {len(report.failures())} check(s) failed", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_link(args: argparse.Namespace) -> int:
+    from testbed.plan.builder import reshape
+    from testbed.plan.model import LinkShape
+    from testbed.shaping import shaper_for
+
+    backend = lifecycle.open_backend(args.name)
+    state = backend.state
+    shapes = [s for s in state.plan["shapes"] if {s["src_dc"], s["dst_dc"]} == {args.a, args.b}]
+    if not shapes:
+        links = ", ".join(sorted({s["link"] for s in state.plan["shapes"]}))
+        raise BackendError(f"no OTN link between {args.a!r} and {args.b!r} in {state.name}; links: {links}")
+    if args.from_dc:
+        shapes = [s for s in shapes if s["src_dc"] == args.from_dc]
+        if not shapes:
+            raise BackendError(f"--from must be {args.a} or {args.b}")
+    values = {"delay_s": units.parse_time(args.delay) if args.delay else None,
+              "rate_bps": units.parse_rate(args.rate) if args.rate else None,
+              "jitter_s": units.parse_time(args.jitter) if args.jitter else None,
+              "loss": units.parse_fraction(args.loss) if args.loss else None}
+    if all(v is None for v in values.values()):
+        raise BackendError("nothing to change: give --delay, --rate, --jitter and/or --loss")
+    shaper = shaper_for(backend)
+    if shaper is None:
+        raise BackendError(f"testbed {state.name} runs without a shaper; nothing can be changed")
+    for old in shapes:
+        try:
+            new = reshape(LinkShape(**old), **values)
+        except ValueError as exc:
+            raise BackendError(str(exc)) from None
+        shaper.set_direction(new)
+        state.plan["shapes"] = [dataclasses.asdict(new) if s is old else s for s in state.plan["shapes"]]
+        state.save()
+        print(f"{new.link} {new.src_dc} -> {new.dst_dc}: delay {units.format_time(new.delay_s)}, "
+              f"rate {units.format_rate(new.rate_bps)}, jitter {units.format_time(new.jitter_s)}, loss {new.loss:g}")
+    print(f"check it: testbed verify {state.name}")
     return 0
 
 
@@ -169,7 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY)
     p.add_argument("--name", help="testbed name (default: the topology's name); lets several coexist")
     p.add_argument("--backend", default="netns", choices=sorted(BACKENDS))
-    p.add_argument("--no-verify", action="store_true", help="skip the reachability and route check after bring-up")
+    p.add_argument("--shaper", default="auto", choices=SHAPER_CHOICES,
+                   help="link emulation: auto (netem if the kernel has it, else delayline), or none (no delay!)")
+    p.add_argument("--verify", default="quick", choices=["quick", "full", "skip"],
+                   help="after bring-up: quick (reach, routes, delays, drops), full (+ TCP throughput), skip")
+    p.add_argument("--no-verify", action="store_true", help="same as --verify skip")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="remove a testbed and everything it created")
@@ -191,8 +248,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="check a running testbed against its plan")
     p.add_argument("name", nargs="?")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--all", action="store_true", help="list every check, not only failures and routes")
+    p.add_argument("--all", action="store_true", help="list every check, also each host pair and route")
+    p.add_argument("--quick", action="store_true", help="skip the TCP throughput tests")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("link", help="change an OTN link at run time: testbed link set A B --delay 10ms --rate 500mbit")
+    p.add_argument("action", choices=["set"])
+    p.add_argument("a", help="datacenter at one end")
+    p.add_argument("b", help="datacenter at the other end")
+    p.add_argument("--name", help="testbed (when several are up)")
+    p.add_argument("--from", dest="from_dc", help="change only the direction leaving this DC (default: both)")
+    p.add_argument("--delay", help="one-way delay, e.g. 10ms")
+    p.add_argument("--rate", help="rate, e.g. 500mbit")
+    p.add_argument("--jitter", help="jitter, e.g. 0.5ms")
+    p.add_argument("--loss", help="random loss, e.g. 0.1%% (only on links with lossless: false)")
+    p.set_defaults(func=cmd_link)
     return parser
 
 
@@ -204,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if tail is not None:
         args.command = tail
-    needs_root = args.cmd in ("up", "down", "exec", "verify")
+    needs_root = args.cmd in ("up", "down", "exec", "verify", "link")
     try:
         if needs_root and os.geteuid() != 0:
             raise BackendError(f"'testbed {args.cmd}' needs root (network namespaces); run it with sudo")
@@ -215,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"  {problem.render(exc.source)}", file=sys.stderr)
         return 2
-    except BackendError as exc:
+    except (BackendError, ShaperError) as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

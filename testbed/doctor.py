@@ -181,6 +181,16 @@ def decide(probes: dict[str, Probe]) -> Decision:
     return Decision(backend=backend, shaper=shaper, transport=transport, rdma=rdma, reasons=reasons)
 
 
+def kernel_shaper() -> str:
+    """Only the kernel probes: `netem`, `delayline` or `none` (what `--shaper auto` picks)."""
+    by_name = {p.name: p for p in _kernel_probes()}
+    if by_name.get("qdisc netem", Probe("", False, "")).ok:
+        return "netem"
+    if by_name.get("nfqueue", Probe("", False, "")).ok and by_name.get("qdisc htb", Probe("", False, "")).ok:
+        return "delayline"
+    return "none"
+
+
 def run_doctor() -> DoctorReport:
     """Probe everything (needs root for the kernel probes)."""
     if os.geteuid() != 0:

@@ -21,6 +21,10 @@ from testbed.topology import Topology, load_topology
 class UpResult:
     plan: Plan
     seconds: float
+    """Bring-up of namespaces, links, addresses and routes."""
+    shaped_seconds: float = 0.0
+    """Shaper installation, including the calibration probes."""
+    shaper: str = "none"
 
 
 class Interrupted(BaseException):
@@ -40,8 +44,11 @@ def interrupts_unwind() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def up(topology_path: Path, name: str | None = None, backend: str = "netns") -> UpResult:
-    """Validate, plan and deploy. On any failure or interrupt, nothing is left behind."""
+def up(topology_path: Path, name: str | None = None, backend: str = "netns", shaper: str = "auto") -> UpResult:
+    """Validate, plan, deploy and shape. On any failure or interrupt, nothing is left behind."""
+    from testbed.shaping import SHAPERS, resolve
+
+    shaper_name = resolve(shaper)
     topology: Topology = load_topology(topology_path)
     plan = build_plan(topology, name)
     if backend not in BACKENDS:
@@ -52,8 +59,20 @@ def up(topology_path: Path, name: str | None = None, backend: str = "netns") -> 
                                "or give this one another --name")
         state = TestbedState(name=plan.testbed, backend=backend, topology_source=str(topology_path))
         started = time.perf_counter()
-        backend_for(state).deploy(plan)
-        return UpResult(plan=plan, seconds=time.perf_counter() - started)
+        made = backend_for(state)
+        made.deploy(plan)
+        deployed = time.perf_counter() - started
+        state.extra["shaper"] = {"name": shaper_name}
+        state.save()
+        try:
+            if shaper_name in SHAPERS:
+                SHAPERS[shaper_name](made).apply(plan)
+            state.save()
+        except BaseException:
+            made.destroy()
+            raise
+        return UpResult(plan=plan, seconds=deployed, shaped_seconds=time.perf_counter() - started - deployed,
+                        shaper=shaper_name)
 
 
 def down(name: str) -> float:

@@ -68,7 +68,15 @@ class TestbedState:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
+    @property
+    def files_dir(self) -> Path:
+        """Per-testbed folder for shaper configs, daemon stats and logs."""
+        return state_dir() / self.name
+
     def delete(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.files_dir, ignore_errors=True)
         self.path.unlink(missing_ok=True)
 
     def owner_alive(self) -> bool:

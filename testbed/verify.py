@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pyroute2 import IPRoute
 
 from testbed.backends import nsfs
+from testbed.backends.base import Backend
 from testbed.probe.icmp import echo_all
 
 
@@ -82,4 +83,21 @@ def verify_basic(plan: dict) -> VerifyReport:
     report = VerifyReport(testbed=plan["testbed"])
     report.checks += check_routes(plan)
     report.checks += check_reachability(plan)
+    return report
+
+
+def verify_testbed(backend: Backend, level: str = "full", probes: int = 10) -> VerifyReport:
+    """`quick`: routes, reachability, shaper health, delays, drops. `full` adds TCP throughput per direction."""
+    from testbed import linkcheck
+    from testbed.shaping import shaper_for
+
+    plan = backend.state.plan
+    shaper_name = backend.state.extra.get("shaper", {}).get("name", "none")
+    shaper = shaper_for(backend)
+    report = verify_basic(plan)
+    report.checks += linkcheck.check_health(shaper, shaper_name)
+    report.checks += linkcheck.check_delays(backend, probes=probes)
+    if level == "full":
+        report.checks += linkcheck.check_throughput(backend, shaper)
+    report.checks += linkcheck.check_drops(shaper)
     return report

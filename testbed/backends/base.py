@@ -7,6 +7,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from pyroute2 import IPRoute
+
+from testbed.backends import nsfs
 from testbed.plan.model import Plan
 from testbed.state import TestbedState
 
@@ -30,6 +33,18 @@ class Backend(ABC):
     @abstractmethod
     def destroy(self) -> None:
         """Remove everything recorded in the state, also after a crash of the creating process."""
+
+    @abstractmethod
+    def netns_path(self, node: str) -> str:
+        """A path that names the node's network namespace (for setns), e.g. /run/netns/NAME."""
+
+    def netlink(self, node: str) -> IPRoute:
+        """A netlink socket bound to the node's namespace (caller closes it)."""
+        with nsfs.entered(self.netns_path(node)):
+            return IPRoute()
+
+    def node_names(self, role: str | None = None) -> list[str]:
+        return [n["name"] for n in self.state.plan.get("nodes", []) if role in (None, n["role"])]
 
     @abstractmethod
     def popen(self, node: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:

@@ -79,6 +79,9 @@ class NetnsBackend(Backend):
                                "and bring the testbed up again")
         return subprocess.Popen(list(argv), preexec_fn=lambda: nsfs.enter_in_child(netns), **kwargs)  # noqa: PLW1509
 
+    def netns_path(self, node: str) -> str:
+        return nsfs.path_of(self.netns_of(node))
+
     def netns_of(self, node: str) -> str:
         for item in self.state.plan.get("nodes", []):
             if item["name"] == node:

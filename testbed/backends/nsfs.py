@@ -34,7 +34,8 @@ def _check(result: int, what: str) -> None:
 
 
 def path_of(name: str) -> str:
-    return os.path.join(NETNS_RUN_DIR, name)
+    """/run/netns/NAME for a name; an absolute path (e.g. /proc/PID/ns/net) is returned as it is."""
+    return name if name.startswith("/") else os.path.join(NETNS_RUN_DIR, name)
 
 
 def exists(name: str) -> bool:

@@ -102,12 +102,38 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
                 delay_s=d.delay_s, rate_bps=d.rate_bps, jitter_s=d.jitter_s, loss=d.loss, lossless=link.lossless,
                 mtu=link.mtu, bdp_bytes=math.ceil(d.rate_bps * rtt / 8),
                 rate_queue_packets=max(MIN_QUEUE_PACKETS, math.ceil(max(1, total_hosts) * tcp_buffer / wire)),
-                delay_queue_packets=max(MIN_QUEUE_PACKETS,
-                                        math.ceil(2 * d.rate_bps * (d.delay_s + d.jitter_s) / 8 / wire))))
+                delay_queue_packets=delay_queue_packets(d.rate_bps, d.delay_s, d.jitter_s, link.mtu)))
     notes = tuple(f"{lk.name}: emulated at 1:{1 / lk.scale:g} of the real {lk.real_rate_bps / 1e9:g} Gbit/s"
                   for lk in topology.links if lk.scale is not None and lk.real_rate_bps)
     return Plan(testbed=name, topology=topology.name, source=topology.source, nodes=tuple(nodes),
-                veths=tuple(veths), shapes=tuple(shapes), tcp_buffer_bytes=tcp_buffer, paths=paths, notes=notes)
+                veths=tuple(veths), shapes=tuple(shapes), tcp_buffer_bytes=tcp_buffer, paths=paths, notes=notes,
+                fabrics={dc.name: {"rate_bps": dc.fabric.rate_bps, "latency_s": dc.fabric.latency_s}
+                         for dc in topology.datacenters})
+
+
+def delay_queue_packets(rate_bps: float, delay_s: float, jitter_s: float, mtu: int) -> int:
+    """Packets a delay stage must hold to be lossless: 2 x rate x (delay + jitter) in full-size frames."""
+    return max(MIN_QUEUE_PACKETS, math.ceil(2 * rate_bps * (delay_s + jitter_s) / 8 / (mtu + ETH_OVERHEAD)))
+
+
+def reshape(shape: LinkShape, *, delay_s: float | None = None, rate_bps: float | None = None,
+            jitter_s: float | None = None, loss: float | None = None) -> LinkShape:
+    """A direction with new values (run-time change); queues are re-sized, lossless links refuse loss."""
+    import dataclasses
+
+    new = dataclasses.replace(
+        shape, delay_s=shape.delay_s if delay_s is None else delay_s,
+        rate_bps=shape.rate_bps if rate_bps is None else rate_bps,
+        jitter_s=shape.jitter_s if jitter_s is None else jitter_s, loss=shape.loss if loss is None else loss)
+    if new.lossless and new.loss:
+        raise ValueError(f"{shape.link} is lossless: it cannot take loss {new.loss:g} (set lossless: false in the "
+                         "topology file for fault experiments)")
+    if new.jitter_s > new.delay_s:
+        raise ValueError(f"jitter {new.jitter_s:g} s exceeds the delay {new.delay_s:g} s")
+    if new.delay_s < 0 or new.rate_bps <= 0:
+        raise ValueError("delay must be >= 0 and rate > 0")
+    return dataclasses.replace(new, delay_queue_packets=delay_queue_packets(new.rate_bps, new.delay_s, new.jitter_s,
+                                                                            new.mtu))
 
 
 def _otn_addresses(topology: Topology) -> dict[tuple[int, str], ipaddress.IPv4Interface]:

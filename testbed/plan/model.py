@@ -98,6 +98,8 @@ class Plan:
     veths: tuple[Veth, ...]
     shapes: tuple[LinkShape, ...]
     tcp_buffer_bytes: int
+    fabrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per DC: intra-DC `rate_bps` and `latency_s`."""
     paths: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     """Shortest-delay DC path for every (src DC, dst DC)."""
     notes: tuple[str, ...] = ()

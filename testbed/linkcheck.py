@@ -1,0 +1,111 @@
+"""Per-OTN-direction verification: measured delay, round trip, throughput and drops against the plan."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from testbed import units
+from testbed.backends.base import Backend
+from testbed.probe.latency import one_way, round_trip
+from testbed.probe.throughput import tcp_throughput
+from testbed.shaping import Shaper
+from testbed.shaping.base import direction_label
+from testbed.shaping.calibrate import otn_address
+from testbed.verify import Check
+
+MIN_THROUGHPUT_FRACTION = 0.93
+MAX_THROUGHPUT_FRACTION = 1.03
+
+
+def delay_tolerance(expected_s: float, floor_s: float) -> float:
+    """max(3 %, floor): the issue's goal for RTT uses a 0.2 ms floor; one way uses half of it."""
+    return max(0.03 * expected_s, floor_s)
+
+
+def check_delays(backend: Backend, probes: int = 10) -> list[Check]:
+    """One-way delay per direction and round trip per link, timed after the ingress queue."""
+    plan = backend.state.plan
+    checks = []
+    by_link: dict[str, list[dict[str, Any]]] = {}
+    for shape in plan["shapes"]:
+        by_link.setdefault(shape["link"], []).append(shape)
+        addr = otn_address(plan, shape["dst_node"], shape["dst_ifname"])
+        sample = one_way(backend.netns_path(shape["src_node"]), backend.netns_path(shape["dst_node"]), addr,
+                         count=probes, timeout_s=max(1.0, 4 * shape["delay_s"] + 0.5))
+        want = shape["delay_s"]
+        tol = delay_tolerance(want, 0.1e-3)
+        got = sample.median_s
+        ok = sample.lost == 0 and not math.isnan(got) and abs(got - want) <= tol
+        checks.append(Check("one-way", f"{shape['link']} {direction_label(shape)}",
+                            f"{units.format_time(want)} ± {units.format_time(tol)}",
+                            f"{units.format_time(got) if not math.isnan(got) else 'none'} median of {probes}"
+                            + (f", {sample.lost} lost" if sample.lost else ""), ok))
+    for link, shapes in by_link.items():
+        fwd = shapes[0]
+        want = sum(s["delay_s"] for s in shapes)
+        tol = delay_tolerance(want, 0.2e-3)
+        sample = round_trip(backend.netns_path(fwd["src_node"]), otn_address(plan, fwd["dst_node"], fwd["dst_ifname"]),
+                            count=probes, timeout_s=max(1.0, 4 * want + 0.5))
+        got = sample.median_s
+        ok = sample.lost == 0 and not math.isnan(got) and abs(got - want) <= tol
+        checks.append(Check("rtt", f"{link} from {fwd['src_dc']}", f"{units.format_time(want)} ± {units.format_time(tol)}",
+                            f"{units.format_time(got) if not math.isnan(got) else 'none'} median of {probes}"
+                            + (f", {sample.lost} lost" if sample.lost else ""), ok))
+    return checks
+
+
+def check_throughput(backend: Backend, shaper: Shaper | None, seconds: float = 3.0) -> list[Check]:
+    """TCP goodput per direction between the routers: >= 93 % and <= 103 % of the configured rate."""
+    plan = backend.state.plan
+    checks = []
+    for shape in plan["shapes"]:
+        addr = otn_address(plan, shape["dst_node"], shape["dst_ifname"])
+        cpu_before = _daemon_cpu(shaper, shape["dst_node"])
+        src_cpu_before = _daemon_cpu(shaper, shape["src_node"])
+        result = tcp_throughput(backend, shape["src_node"], shape["dst_node"], addr, seconds=seconds)
+        cpu = _cpu_share(shaper, shape["dst_node"], cpu_before, result.seconds + 1.0)
+        src_cpu = _cpu_share(shaper, shape["src_node"], src_cpu_before, result.seconds + 1.0)
+        fraction = result.bits_per_s / shape["rate_bps"]
+        ok = MIN_THROUGHPUT_FRACTION <= fraction <= MAX_THROUGHPUT_FRACTION
+        cpu_text = "" if cpu is None else f", delay daemons {cpu:.0%} + {src_cpu:.0%} of a core"
+        checks.append(Check("throughput", f"{shape['link']} {direction_label(shape)}",
+                            f"{MIN_THROUGHPUT_FRACTION:.0%}-{MAX_THROUGHPUT_FRACTION:.0%} of "
+                            f"{units.format_rate(shape['rate_bps'])}",
+                            f"{units.format_rate(result.bits_per_s)} ({fraction:.1%}), "
+                            f"{result.retransmits} retransmits{cpu_text}", ok))
+    return checks
+
+
+def _daemon_cpu(shaper: Shaper | None, node: str) -> float | None:
+    stats = getattr(shaper, "daemon_stats", lambda _n: None)(node)
+    return None if stats is None else float(stats["cpu_s"])
+
+
+def _cpu_share(shaper: Shaper | None, node: str, before: float | None, wall_s: float) -> float | None:
+    after = _daemon_cpu(shaper, node)
+    if before is None or after is None:
+        return None
+    return max(0.0, after - before) / wall_s
+
+
+def check_drops(shaper: Shaper | None) -> list[Check]:
+    if shaper is None:
+        return []
+    checks = []
+    for d in shaper.drops():
+        detail = f"qdisc {d.qdisc_drops}, nfqueue {d.queue_drops}, daemon gaps {d.daemon_gaps}"
+        if d.random_drops:
+            detail += f" (+{d.random_drops} intended, configured loss)"
+        checks.append(Check("drops", f"{d.link} {d.direction}", "0", detail, d.unintended == 0))
+    return checks
+
+
+def check_health(shaper: Shaper | None, shaper_name: str) -> list[Check]:
+    if shaper is None:
+        return [Check("shaper", "all OTN links", "a shaper", f"none ({shaper_name}): links carry NO delay or rate "
+                      "limit", False)]
+    health = shaper.health()
+    if health.ok:
+        return [Check("shaper", "all OTN links", f"{shaper.name} installed", "qdiscs, rules and daemons present", True)]
+    return [Check("shaper", "all OTN links", f"{shaper.name} installed", p, False) for p in health.problems]

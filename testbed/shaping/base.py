@@ -1,0 +1,112 @@
+"""The shaper interface: make each OTN direction deliver its delay, rate and zero loss; report what it did."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from testbed.backends.base import Backend
+from testbed.plan.model import LinkShape, Plan
+from testbed.shaping import htb
+
+
+class ShaperError(RuntimeError):
+    """A shaper cannot deliver what the plan asks; the message says what is missing and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class DirectionDrops:
+    """Every drop counter that applies to one OTN direction, read from the kernel (and the delay daemon)."""
+
+    link: str
+    direction: str
+    qdisc_drops: int
+    queue_drops: int = 0
+    """nfnetlink_queue: queue full + listener socket full."""
+    daemon_gaps: int = 0
+    """Packet ids the delay daemon never saw."""
+    random_drops: int = 0
+    """Intended drops (configured loss, fault experiments)."""
+
+    @property
+    def unintended(self) -> int:
+        return self.qdisc_drops + self.queue_drops + self.daemon_gaps
+
+
+@dataclass(slots=True)
+class Health:
+    """What the shaper finds installed versus what it installed."""
+
+    problems: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def direction_label(shape: LinkShape | dict[str, Any]) -> str:
+    if isinstance(shape, dict):
+        return f"{shape['src_dc']} -> {shape['dst_dc']}"
+    return f"{shape.src_dc} -> {shape.dst_dc}"
+
+
+class Shaper(ABC):
+    """Installs and inspects link emulation on a deployed testbed. All state it needs is in `backend.state`."""
+
+    name: str = ""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    @abstractmethod
+    def apply(self, plan: Plan) -> None:
+        """Shape every OTN direction (and DC fabric rates) of the plan."""
+
+    @abstractmethod
+    def set_direction(self, shape: LinkShape) -> None:
+        """Change one direction at run time (new delay/rate/jitter/loss), without tearing anything down."""
+
+    @abstractmethod
+    def health(self) -> Health:
+        """Is everything still installed and running (qdiscs, rules, daemons)?"""
+
+    @abstractmethod
+    def drops(self) -> list[DirectionDrops]:
+        """Drop counters per OTN direction."""
+
+    def apply_fabric(self, plan: Plan) -> None:
+        """HTB at the DC fabric rate on each host's egress and on each router port towards a host."""
+        queue = max([s.rate_queue_packets for s in plan.shapes] + [1000])
+        for node in plan.nodes:
+            if node.role == "host":
+                rate = self._fabric_rate(node.dc)
+                with self.backend.netlink(node.name) as ipr:
+                    htb.apply_rate(ipr, htb.RateSpec(node.name, "eth0", rate, queue))
+            else:
+                rate = self._fabric_rate(node.dc)
+                with self.backend.netlink(node.name) as ipr:
+                    for port in node.bridge_ports:
+                        htb.apply_rate(ipr, htb.RateSpec(node.name, port, rate, queue))
+
+    def _fabric_rate(self, dc: str) -> float:
+        fabrics = self.backend.state.plan.get("fabrics", {})
+        return float(fabrics.get(dc, {}).get("rate_bps", 10e9))
+
+    def qdisc_drops(self, shape: dict[str, Any]) -> int:
+        with self.backend.netlink(shape["src_node"]) as ipr:
+            return sum(q.drops for q in htb.read_qdiscs(ipr, shape["src_ifname"]))
+
+    def qdisc_problems(self) -> list[str]:
+        """Each OTN egress must still carry our HTB class at the planned rate."""
+        problems = []
+        for shape in self.backend.state.plan.get("shapes", []):
+            with self.backend.netlink(shape["src_node"]) as ipr:
+                rate = htb.read_class_rate(ipr, shape["src_ifname"])
+            if rate is None:
+                problems.append(f"{direction_label(shape)}: HTB rate class missing on "
+                                f"{shape['src_node']}:{shape['src_ifname']} (deleted behind the testbed's back?)")
+            elif abs(rate - shape["rate_bps"]) > 0.01 * shape["rate_bps"]:
+                problems.append(f"{direction_label(shape)}: HTB rate is {rate:g} bit/s, planned {shape['rate_bps']:g}")
+        return problems
