@@ -86,14 +86,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     states = [s for s in list_states() if args.name in (None, s.name)]
     if args.name and not states:
         raise BackendError(f"no testbed named {args.name!r} is up")
-    records = [describe(s) for s in states]
+    records = []
+    for s in states:
+        record = describe(s)
+        record["shaper"] = _shaper_status(s)
+        if record["shaper"]["problems"] and record["health"] == "ok":
+            record["health"] = "degraded: " + "; ".join(record["shaper"]["problems"])
+        records.append(record)
     if args.json:
         print(json.dumps(records if not args.name else records[0], indent=1))
         return 0
     if not records:
         print("no testbed is up")
     for rec in records:
-        print(f"testbed {rec['name']}: {rec['phase']}, {rec['health']} ({rec['backend']}, {rec['topology']})")
+        print(f"testbed {rec['name']}: {rec['phase']}, {rec['health']} ({rec['backend']} backend, "
+              f"shaper {rec['shaper']['name']}, {rec['topology']})")
         rows = [(n["name"], n["dc"], n["role"], n["netns"], " ".join(n["addresses"]),
                  "yes" if n["present"] else "GONE") for n in rec["nodes"]]
         print(table.render(["node", "dc", "role", "netns", "addresses", "present"], rows))
@@ -101,6 +108,20 @@ def cmd_status(args: argparse.Namespace) -> int:
                  units.format_rate(lk["rate_bps"])) for lk in rec["links"]]
         print(table.render(["link", "direction", "one-way delay", "rate"], rows, "\nOTN links (configured)"))
     return 0
+
+
+def _shaper_status(state: object) -> dict:
+    """Shaper name and what its health check finds (qdiscs, rules, daemons) for a running testbed."""
+    from testbed.backends import backend_for
+    from testbed.shaping import shaper_for
+
+    name = state.extra.get("shaper", {}).get("name", "none")  # type: ignore[attr-defined]
+    if state.phase != "up":  # type: ignore[attr-defined]
+        return {"name": name, "problems": [], "calibration_s": {}}
+    shaper = shaper_for(backend_for(state))  # type: ignore[arg-type]
+    problems = ["no shaper: OTN links carry no delay or rate limit"] if shaper is None else shaper.health().problems
+    return {"name": name, "problems": problems,
+            "calibration_s": state.extra.get("shaper", {}).get("calibration_s", {})}  # type: ignore[attr-defined]
 
 
 def cmd_exec(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from testbed.state import ProcessRecord, process_start_ticks
+from testbed.state import ProcessRecord, process_is_zombie, process_start_ticks
 
 
 def pids_in_netns(inodes: Iterable[int]) -> list[int]:
@@ -51,13 +51,7 @@ def terminate_records(records: Iterable[ProcessRecord], grace_s: float = 3.0) ->
 
 
 def _same_process_alive(pid: int, ticks: int | None) -> bool:
-    if process_start_ticks(pid) != ticks:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return process_start_ticks(pid) == ticks and not process_is_zombie(pid)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

@@ -34,7 +34,8 @@ class ProcessRecord:
     node: str = ""
 
     def alive(self) -> bool:
-        return process_start_ticks(self.pid) == self.start_ticks
+        """Still the same process (PID not reused) and not a zombie."""
+        return process_start_ticks(self.pid) == self.start_ticks and not process_is_zombie(self.pid)
 
 
 @dataclass(slots=True)
@@ -113,6 +114,14 @@ def locked() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def process_is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
 
 
 def process_start_ticks(pid: int) -> int | None:

@@ -1,0 +1,149 @@
+"""Root tier: the delay line and HTB on real namespaces, asserted by measurement and kernel read-back.
+
+Each assertion has a tolerance that fails when shaping is off or wrong: a missing delay stage measures
+~0.1 ms instead of milliseconds, a missing rate limit measures several Gbit/s, a killed daemon loses packets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+
+from testbed import lifecycle
+from testbed.linkcheck import check_delays, check_drops, check_throughput
+from testbed.shaping import shaper_for
+from testbed.shaping.htb import read_class_rate
+
+pytestmark = pytest.mark.root
+
+TOPO = str(REPO / "tests" / "fixtures" / "topologies" / "2dc-shaping.yaml")
+
+
+@pytest.fixture
+def shaped(unique_name: str):
+    run_cli("up", TOPO, "--name", unique_name, "--shaper", "delayline", "--verify", "skip")
+    try:
+        yield lifecycle.open_backend(unique_name)
+    finally:
+        run_cli("down", unique_name)
+
+
+def _by_subject(checks):
+    return {c.subject: c for c in checks}
+
+
+def _delay_ms(check) -> float:
+    value, unit = check.measured.split(" median")[0].split()
+    return float(value) * (1.0 if unit == "ms" else 1e-3)
+
+
+def test_delay_rate_and_zero_loss_per_direction(shaped) -> None:
+    delays = _by_subject(check_delays(shaped, probes=10))
+    ab, ba = delays["dc-a--dc-b dc-a -> dc-b"], delays["dc-a--dc-b dc-b -> dc-a"]
+    assert ab.ok and ba.ok, (ab, ba)
+    assert abs(_delay_ms(ab) - 4.0) < 0.15 and abs(_delay_ms(ba) - 2.0) < 0.1
+    rtt = next(c for c in delays.values() if c.kind == "rtt")
+    assert rtt.ok and abs(_delay_ms(rtt) - 6.0) < 0.25
+    shaper = shaper_for(shaped)
+    for check in check_throughput(shaped, shaper, seconds=2.0):
+        assert check.ok, check
+    assert all(c.ok for c in check_drops(shaper))
+    with shaped.netlink("dc-a-rtr") as ipr:
+        assert read_class_rate(ipr, "otn0") == 200e6
+    with shaped.netlink("dc-b-rtr") as ipr:
+        assert read_class_rate(ipr, "otn0") == 100e6
+
+
+def test_rules_sit_on_the_receivers_ingress(shaped) -> None:
+    for node in ("dc-a-rtr", "dc-b-rtr"):
+        rules = shaped.exec(node, ["iptables", "-t", "raw", "-S", "PREROUTING"], capture_output=True, text=True).stdout
+        assert "-i otn0 -j NFQUEUE --queue-num 0" in rules
+        out = shaped.exec(node, ["iptables", "-t", "mangle", "-S"], capture_output=True, text=True).stdout
+        assert "NFQUEUE" not in out
+    stats = shaper_for(shaped).health().details["daemons"]
+    assert set(stats) == {"dc-a-rtr", "dc-b-rtr"}
+    assert stats["dc-b-rtr"]["queues"]["0"]["kernel_stamped"] > 0
+
+
+def test_missing_delay_stage_fails_verification(shaped) -> None:
+    shaped.exec("dc-b-rtr", ["iptables", "-t", "raw", "-F", "PREROUTING"], check=True)
+    delays = _by_subject(check_delays(shaped, probes=5))
+    assert not delays["dc-a--dc-b dc-a -> dc-b"].ok
+    assert _delay_ms(delays["dc-a--dc-b dc-a -> dc-b"]) < 1.0
+    assert delays["dc-a--dc-b dc-b -> dc-a"].ok          # the other direction is untouched
+    assert any("NFQUEUE rule missing on dc-b-rtr" in p for p in shaper_for(shaped).health().problems)
+    result = run_cli("verify", shaped.state.name, "--quick", check=False)
+    assert result.returncode == 1 and "FAIL" in result.stdout
+
+
+def test_killed_daemon_and_deleted_qdisc_are_detected(shaped) -> None:
+    daemon = next(p for p in shaped.state.processes if p.node == "dc-b-rtr")
+    os.kill(daemon.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    status = json.loads(run_cli("status", shaped.state.name, "--json").stdout)
+    assert status["health"].startswith("degraded") and "dc-b-rtr is dead" in status["health"]
+    shaped.exec("dc-a-rtr", ["tc", "qdisc", "del", "dev", "otn0", "root"], check=True)
+    problems = shaper_for(shaped).health().problems
+    assert any("HTB rate class missing on dc-a-rtr:otn0" in p for p in problems)
+    delays = _by_subject(check_delays(shaped, probes=3))
+    assert "lost" in delays["dc-a--dc-b dc-a -> dc-b"].measured      # no listener: packets stop, loudly
+    assert run_cli("verify", shaped.state.name, "--quick", check=False).returncode == 1
+
+
+def test_link_set_changes_one_direction_at_run_time(shaped) -> None:
+    run_cli("link", "set", "dc-a", "dc-b", "--name", shaped.state.name, "--from", "dc-b", "--delay", "7ms")
+    backend = lifecycle.open_backend(shaped.state.name)
+    delays = _by_subject(check_delays(backend, probes=8))
+    assert abs(_delay_ms(delays["dc-a--dc-b dc-b -> dc-a"]) - 7.0) < 0.25
+    assert abs(_delay_ms(delays["dc-a--dc-b dc-a -> dc-b"]) - 4.0) < 0.15
+    refused = run_cli("link", "set", "dc-a", "dc-b", "--name", shaped.state.name, "--loss", "1%", check=False)
+    assert refused.returncode == 1 and "lossless" in refused.stderr
+
+
+def test_sigterm_releases_held_packets(tmp_path: Path) -> None:
+    """Pitfall 4 of FINDINGS.md: a stopped daemon must release what it holds, not drop it."""
+    from testbed.backends import nsfs
+    from testbed.probe.latency import PROBE_PORT
+
+    ns = f"tb-sigterm-{os.getpid()}"
+    nsfs.create(ns)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+        subprocess.run(["ip", "netns", "exec", ns, "iptables", "-t", "raw", "-A", "OUTPUT", "-p", "udp", "--dport",
+                        str(PROBE_PORT), "-j", "NFQUEUE", "--queue-num", "5"], check=True)
+        config, stats = tmp_path / "c.json", tmp_path / "s.json"
+        config.write_text(json.dumps({"queues": [{"queue": 5, "ifname": "lo", "delay_s": 30.0}]}))
+        daemon = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "testbed.shaping.delayline",
+                                   str(config), str(stats)], cwd=REPO)
+        deadline = time.monotonic() + 10
+        while not stats.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        import socket
+        with nsfs.entered(ns):
+            rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        rx.bind(("127.0.0.1", PROBE_PORT))
+        rx.settimeout(5)
+        for i in range(5):
+            tx.sendto(b"held %d" % i, ("127.0.0.1", PROBE_PORT))
+        time.sleep(0.3)
+        rx.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            rx.recv(100)                       # held for 30 s
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=10) == 0
+        rx.settimeout(2)
+        got = [rx.recv(100) for _ in range(5)]
+        assert got == [b"held %d" % i for i in range(5)]
+        rx.close()
+        tx.close()
+    finally:
+        nsfs.remove(ns)
