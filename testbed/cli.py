@@ -55,6 +55,13 @@ def cmd_up(args: argparse.Namespace) -> int:
           f"shaper {result.shaper} in {result.shaped_seconds:.2f} s")
     if result.shaper == "none":
         print("WARNING: --shaper none: OTN links carry NO delay and NO rate limit", file=sys.stderr)
+    shaper_info = lifecycle.open_backend(plan.testbed).state.extra.get("shaper", {})
+    for warning in shaper_info.get("warnings", []):
+        print(f"WARNING: {warning}", file=sys.stderr)
+    calibration = shaper_info.get("calibration_s", {})
+    if calibration:
+        print("calibrated emulator path latency subtracted from each hold: "
+              + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in calibration.items()))
     level = "skip" if args.no_verify else args.verify
     if level != "skip":
         backend = lifecycle.open_backend(plan.testbed)

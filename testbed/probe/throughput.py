@@ -36,6 +36,8 @@ def tcp_throughput(backend: Backend, src: str, dst: str, dst_addr: str, seconds:
         if result.returncode != 0:
             raise BackendError(f"iperf3 {src} -> {dst} failed: {result.stdout[-400:]} {result.stderr[-400:]}")
         data = json.loads(result.stdout)
+        if "error" in data or "sum_received" not in data.get("end", {}):
+            raise BackendError(f"iperf3 {src} -> {dst} gave no result: {data.get('error', 'no sum_received')}")
         end = data["end"]
         return ThroughputResult(bits_per_s=float(end["sum_received"]["bits_per_second"]),
                                 retransmits=int(end["sum_sent"].get("retransmits", 0)),

@@ -26,6 +26,8 @@ from testbed.shaping.calibrate import CALIBRATION_HOLD_S, base_one_way
 from testbed.state import ProcessRecord, process_start_ticks
 
 READY_TIMEOUT_S = 15.0
+WAKEUP_FLOOR_S = 150e-6
+"""A hold shorter than this cannot be timed: the daemon needs ~0.1-0.2 ms to wake on a packet's arrival."""
 STATS_STALE_S = 3.0
 
 
@@ -77,6 +79,14 @@ class DelaylineShaper(Shaper):
                 self._iptables(node, iptables_rule(shape.dst_ifname))
         calibration = base_one_way(self.backend, installed_hold_s=CALIBRATION_HOLD_S)
         extra["calibration_s"] = calibration
+        extra["warnings"] = []
+        for s in plan.shapes:
+            path = calibration[direction_label(s)]
+            if s.delay_s < path + WAKEUP_FLOOR_S:
+                extra["warnings"].append(
+                    f"{direction_label(s)}: {s.delay_s * 1e3:g} ms asked, below what the delay line delivers here "
+                    f"(~{(path + WAKEUP_FLOOR_S) * 1e3:.2f} ms: path {path * 1e6:.0f} us + daemon wake-up); "
+                    "verify shows the real figure; netem (a stock kernel) goes lower")
         self.backend.state.save()
         for node, shapes in incoming.items():
             config = Path(extra["daemons"][node]["config"])
