@@ -8,10 +8,11 @@ PY := $(VENV)/bin/python
 TESTBED := $(VENV)/bin/testbed
 TOPO ?= 2dc-1000km
 NAME ?=
-APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet python3-venv python3-dev
+APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet python3-venv python3-dev \
+	qemu-system-x86 linux-image-amd64 busybox-static
 STAMP := $(VENV)/.installed
 
-.PHONY: install apt test test-unit lint up down status plan doctor bench-up clean
+.PHONY: install apt test test-host test-unit vm-test lint up down status plan doctor bench-up bench-links clean
 
 install: $(STAMP)
 
@@ -29,8 +30,17 @@ $(STAMP): pyproject.toml | apt
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-test: install
+# Every tier this machine can run: unit + root + mininet on the host, then the stock-kernel tier in QEMU.
+test: test-host
+	@if $(TESTBED) vm --check >/dev/null 2>&1; then $(MAKE) --no-print-directory vm-test; \
+	else echo "stock-kernel tier skipped: $$($(TESTBED) vm --check 2>&1)"; fi
+
+test-host: install
 	$(PY) -m pytest
+
+# Tests marked `vm`, inside Debian's stock kernel (netem, rdma_rxe) under QEMU, via virtme-ng.
+vm-test: install
+	$(TESTBED) vm --out results/vm -- $(PY) -m pytest -p no:cacheprovider -m vm tests/test_vm.py
 
 test-unit: install
 	$(PY) -m pytest -m "not root and not vm and not mininet and not multihost"
@@ -55,6 +65,9 @@ doctor: install
 
 bench-up: install
 	$(PY) bench/bringup.py 4dc-32hosts --reps 3
+
+bench-links: install
+	$(PY) bench/links.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from testbed import lifecycle, linkcheck, table  # noqa: E402
 from testbed.probe.latency import round_trip  # noqa: E402
 from testbed.probe.throughput import tcp_throughput  # noqa: E402
-from testbed.shaping import resolve, shaper_for  # noqa: E402
 from testbed.shaping.calibrate import otn_address  # noqa: E402
+from testbed.shaping.registry import resolve, shaper_for  # noqa: E402
 
 TOPOLOGY = """name: {name}
 datacenters: {{dc-a: {{hosts: 1}}, dc-b: {{hosts: 1}}}}

@@ -13,8 +13,8 @@ from testbed import lifecycle, table, units
 from testbed.backends import BACKENDS, BackendError
 from testbed.paths import DEFAULT_TOPOLOGY, resolve_topology
 from testbed.plan import Plan, build_plan
-from testbed.shaping import CHOICES as SHAPER_CHOICES
-from testbed.shaping import ShaperError
+from testbed.shaping.registry import CHOICES as SHAPER_CHOICES
+from testbed.shaping.registry import ShaperError
 from testbed.state import list_states
 from testbed.topology import TopologyError, load_topology
 
@@ -120,7 +120,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _shaper_status(state: object) -> dict:
     """Shaper name and what its health check finds (qdiscs, rules, daemons) for a running testbed."""
     from testbed.backends import backend_for
-    from testbed.shaping import shaper_for
+    from testbed.shaping.registry import shaper_for
 
     name = state.extra.get("shaper", {}).get("name", "none")  # type: ignore[attr-defined]
     if state.phase != "up":  # type: ignore[attr-defined]
@@ -177,7 +177,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_link(args: argparse.Namespace) -> int:
     from testbed.plan.builder import reshape
     from testbed.plan.model import LinkShape
-    from testbed.shaping import shaper_for
+    from testbed.shaping.registry import shaper_for
 
     backend = lifecycle.open_backend(args.name)
     state = backend.state
@@ -210,6 +210,23 @@ def cmd_link(args: argparse.Namespace) -> int:
               f"rate {units.format_rate(new.rate_bps)}, jitter {units.format_time(new.jitter_s)}, loss {new.loss:g}")
     print(f"check it: testbed verify {state.name}")
     return 0
+
+
+def cmd_vm(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from testbed.vm import VmUnavailable, find_setup, run_in_vm
+
+    try:
+        setup = find_setup()
+    except VmUnavailable as exc:
+        raise BackendError(str(exc)) from None
+    if args.check:
+        print(f"stock-kernel tier available: {setup.kernel} via {setup.vng}")
+        return 0
+    command = " ".join(args.command) if args.command else "uname -r"
+    print(f"booting {setup.kernel.name} under QEMU ({'KVM' if args.kvm else 'TCG'}): {command}", flush=True)
+    return run_in_vm(command, Path(args.out).resolve(), kvm=args.kvm, memory=args.memory, cpus=args.cpus)
 
 
 def _check_dict(check: object) -> dict:
@@ -291,13 +308,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jitter", help="jitter, e.g. 0.5ms")
     p.add_argument("--loss", help="random loss, e.g. 0.1%% (only on links with lossless: false)")
     p.set_defaults(func=cmd_link)
+
+    p = sub.add_parser("vm", help="run a command under a stock kernel in QEMU: testbed vm -- CMD...")
+    p.add_argument("--check", action="store_true", help="only say whether the tier is available")
+    p.add_argument("--kvm", action="store_true", help="use KVM (hangs on some hosts; TCG is the default)")
+    p.add_argument("--memory", default="2G")
+    p.add_argument("--cpus", type=int, default=2)
+    p.add_argument("--out", default="results/vm", help="writable folder shared with the guest")
+    p.add_argument("command", nargs="*", help="the command, after --")
+    p.set_defaults(func=cmd_vm)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     tail: list[str] | None = None
-    if "exec" in argv and "--" in argv and argv.index("exec") < argv.index("--"):
+    if argv[:1] in (["exec"], ["vm"]) and "--" in argv:
         argv, tail = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = build_parser().parse_args(argv)
     if tail is not None:

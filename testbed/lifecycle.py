@@ -46,7 +46,7 @@ def interrupts_unwind() -> Iterator[None]:
 
 def up(topology_path: Path, name: str | None = None, backend: str = "netns", shaper: str = "auto") -> UpResult:
     """Validate, plan, deploy and shape. On any failure or interrupt, nothing is left behind."""
-    from testbed.shaping import SHAPERS, resolve
+    from testbed.shaping.registry import SHAPERS, resolve
 
     shaper_name = resolve(shaper)
     topology: Topology = load_topology(topology_path)

@@ -89,7 +89,7 @@ def verify_basic(plan: dict) -> VerifyReport:
 def verify_testbed(backend: Backend, level: str = "full", probes: int = 10) -> VerifyReport:
     """`quick`: routes, reachability, shaper health, delays, drops. `full` adds TCP throughput per direction."""
     from testbed import linkcheck
-    from testbed.shaping import shaper_for
+    from testbed.shaping.registry import shaper_for
 
     plan = backend.state.plan
     shaper_name = backend.state.extra.get("shaper", {}).get("name", "none")

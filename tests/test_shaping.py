@@ -19,8 +19,8 @@ from conftest import REPO, run_cli
 
 from testbed import lifecycle
 from testbed.linkcheck import check_delays, check_drops, check_throughput
-from testbed.shaping import shaper_for
 from testbed.shaping.htb import read_class_rate
+from testbed.shaping.registry import shaper_for
 
 pytestmark = pytest.mark.root
 
@@ -147,3 +147,17 @@ def test_sigterm_releases_held_packets(tmp_path: Path) -> None:
         tx.close()
     finally:
         nsfs.remove(ns)
+
+
+def test_delayline_passes_the_vm_tier_topology(unique_name: str) -> None:
+    """The topology the netem shaper is verified on under the stock kernel (tests/test_vm.py), here with the
+    delay line: same verification code, same tolerances."""
+    from testbed.verify import verify_testbed
+
+    topo = str(REPO / "tests" / "fixtures" / "topologies" / "2dc-vm.yaml")
+    run_cli("up", topo, "--name", unique_name, "--shaper", "delayline", "--verify", "skip")
+    try:
+        report = verify_testbed(lifecycle.open_backend(unique_name), level="quick", probes=20)
+        assert report.ok, report.failures()
+    finally:
+        run_cli("down", unique_name)

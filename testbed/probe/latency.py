@@ -35,6 +35,14 @@ class LatencySample:
         return statistics.median(self.values_s) if self.values_s else float("nan")
 
     @property
+    def iqr_s(self) -> float:
+        """Interquartile range: the measurement's own spread."""
+        if len(self.values_s) < 4:
+            return 0.0
+        q = statistics.quantiles(self.values_s, n=4)
+        return q[2] - q[0]
+
+    @property
     def min_s(self) -> float:
         return min(self.values_s) if self.values_s else float("nan")
 

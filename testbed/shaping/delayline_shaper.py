@@ -25,7 +25,7 @@ from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError, di
 from testbed.shaping.calibrate import CALIBRATION_HOLD_S, base_one_way
 from testbed.state import ProcessRecord, process_start_ticks
 
-READY_TIMEOUT_S = 15.0
+READY_TIMEOUT_S = 60.0
 WAKEUP_FLOOR_S = 150e-6
 """A hold shorter than this cannot be timed: the daemon needs ~0.1-0.2 ms to wake on a packet's arrival."""
 STATS_STALE_S = 3.0

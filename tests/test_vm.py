@@ -1,0 +1,69 @@
+"""Stock-kernel tier: runs inside QEMU (make vm-test / testbed vm), where sch_netem and rdma_rxe exist.
+
+The netem shaper must pass the same verification as the delay line on the same topology. Under TCG the
+emulated path itself jitters by about a millisecond, which the verification's spread-aware tolerance
+states in its output; a missing or misplaced delay still moves the median by the whole delay and fails.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from conftest import REPO, netns_with_prefix, run_cli
+
+from testbed import lifecycle
+from testbed.shaping.htb import read_qdiscs
+from testbed.shaping.registry import shaper_for
+from testbed.verify import verify_testbed
+from testbed.vm import in_vm
+
+pytestmark = [pytest.mark.vm, pytest.mark.skipif(not in_vm(), reason="runs inside the stock-kernel VM (make vm-test)")]
+
+TOPO = str(REPO / "tests" / "fixtures" / "topologies" / "2dc-vm.yaml")
+
+
+def _module_loaded(name: str) -> bool:
+    return os.path.isdir(f"/sys/module/{name}")
+
+
+@pytest.mark.parametrize("shaper", ["netem"])
+def test_shaper_passes_verification_under_stock_kernel(shaper: str, unique_name: str) -> None:
+    """netem here; the delay line passes the same verification on the same topology on the host
+    (tests/test_shaping.py::test_delayline_passes_the_vm_tier_topology)."""
+    assert _module_loaded("sch_netem"), "the guest must have loaded sch_netem"
+    run_cli("up", TOPO, "--name", unique_name, "--shaper", shaper, "--verify", "skip", timeout=600)
+    try:
+        backend = lifecycle.open_backend(unique_name)
+        report = verify_testbed(backend, level="quick", probes=20)
+        print("\n".join(f"{c.kind:8} {c.subject:28} {c.expected:22} {c.measured:36} {'pass' if c.ok else 'FAIL'}"
+                        for c in report.checks if c.kind not in ("reach", "route")))
+        assert report.ok, [c for c in report.checks if not c.ok]
+        if shaper == "netem":
+            with backend.netlink("dc-a-rtr") as ipr:
+                kinds = [q.kind for q in read_qdiscs(ipr, "otn0")]
+            assert kinds == ["htb", "netem"]
+            assert shaper_for(backend).health().ok
+    finally:
+        run_cli("down", unique_name)
+    assert netns_with_prefix(f"tb-{unique_name}-") == []
+
+
+def test_soft_roce_device_can_be_created() -> None:
+    """rdma_rxe exists in the stock kernel: an rxe device binds to a NIC in init_net (FINDINGS.md)."""
+    if not _module_loaded("rdma_rxe"):
+        pytest.skip("rdma_rxe did not load in this guest")
+    subprocess.run(["ip", "link", "add", "tbrxe0", "type", "veth", "peer", "name", "tbrxe1"], check=True)
+    try:
+        subprocess.run(["ip", "link", "set", "tbrxe0", "up"], check=True)
+        added = subprocess.run(["rdma", "link", "add", "tbrxe", "type", "rxe", "netdev", "tbrxe0"],
+                               capture_output=True, text=True)
+        if added.returncode != 0 and "rdma" in added.stderr and "not found" in added.stderr:
+            pytest.skip("the rdma tool (iproute2) is missing")
+        assert added.returncode == 0, added.stderr
+        links = subprocess.run(["rdma", "link", "show"], capture_output=True, text=True).stdout
+        assert "tbrxe" in links
+        subprocess.run(["rdma", "link", "delete", "tbrxe"], check=True)
+    finally:
+        subprocess.run(["ip", "link", "del", "tbrxe0"], check=False)
