@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,13 +70,23 @@ def run_in_vm(command: str, outdir: Path, *, kvm: bool = False, memory: str = "2
     argv = [str(setup.vng), *([] if kvm else ["--disable-kvm"]), "-r", str(setup.kernel), "--memory", memory,
             "--cpus", str(cpus), "--rwdir", str(outdir), "--", guest_script(command, outdir)]
     env = {**os.environ, "PATH": f"{setup.vng.parent}:{os.environ.get('PATH', '')}"}
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    # Through a pipe: QEMU writing straight into an inherited file would overwrite what is already in it.
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watchdog = threading.Timer(timeout_s, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    watchdog.start()
     try:
-        proc.wait(timeout=timeout_s)
+        assert proc.stdout is not None
+        for line in iter(proc.stdout.readline, b""):
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+        proc.wait()
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         raise
+    finally:
+        watchdog.cancel()
     return proc.returncode
 
 
