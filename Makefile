@@ -67,7 +67,7 @@ bench-up: install
 	$(PY) bench/bringup.py 4dc-32hosts --reps 3
 
 bench-links: install
-	$(PY) bench/links.py
+	$(PY) bench/links.py $(if $(shell $(TESTBED) vm --check >/dev/null 2>&1 && echo y),--netem-vm)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,6 +1,7 @@
 """Bring-up/teardown benchmark: the netns backend vs Mininet (LinuxBridge) building the same topology.
 
-Both build from the same Plan, alternately, in one run; each is checked for reachability after bring-up
+Both build from the same Plan without link shaping (Mininet without TCLink, netns with --shaper none),
+alternately, in one run; each is checked for reachability after bring-up
 (untimed). Prints per-repetition times and the median ratio. Usage:
     .venv/bin/python bench/bringup.py [TOPOLOGY] [--reps N]
 """
@@ -25,7 +26,7 @@ from testbed.verify import check_reachability  # noqa: E402
 
 
 def time_netns(topology: Path, name: str) -> tuple[float, float, int]:
-    result = lifecycle.up(topology, name)
+    result = lifecycle.up(topology, name, shaper="none")
     try:
         reach = check_reachability(result.plan.to_json())
         ok = sum(c.ok for c in reach)

@@ -67,6 +67,9 @@ def main() -> int:
     parser.add_argument("--rates", default="10,100,1000", help="rates, Mbit/s")
     parser.add_argument("--seconds", type=float, default=4.0, help="iperf3 time per cell")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--netem-vm", action="store_true",
+                        help="also run the matrix with the netem shaper under the stock kernel (testbed vm, QEMU) "
+                             "and print both side by side")
     args = parser.parse_args()
     shaper = resolve(args.shaper)
     rows, records, failures = [], [], 0
@@ -98,7 +101,33 @@ def main() -> int:
           "goodput 93-103 %, zero drops, daemon CPU <= 25 % at 1 Gbit)")
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))
+    if args.netem_vm:
+        print_side_by_side(records, run_netem_in_vm(args))
     return 0 if failures == 0 else 1
+
+
+def run_netem_in_vm(args: argparse.Namespace) -> list[dict]:
+    """The same matrix with netem, inside Debian's stock kernel under QEMU; its rows as JSON."""
+    from testbed.vm import run_in_vm
+
+    out = Path("results/bench-links-vm").resolve()
+    command = (f".venv/bin/python bench/links.py --shaper netem --delays {args.delays} --rates {args.rates} "
+               f"--seconds {args.seconds:g} --json {out}/netem.json")
+    print("\nnetem under the stock kernel (QEMU TCG: expect its own path jitter and CPU limits) ...", flush=True)
+    run_in_vm(command, out)
+    return list(json.loads((out / "netem.json").read_text()))
+
+
+def print_side_by_side(host: list[dict], vm: list[dict]) -> None:
+    rows = []
+    for h, v in zip(host, vm, strict=True):
+        rows.append((f"{h['delay_ms']:g}", f"{h['rate_mbit']:g}", f"{2 * h['delay_ms']:.3f}",
+                     f"{h['rtt_ms']:.3f}", f"{v['rtt_ms']:.3f}", f"{h['goodput_mbit'] / h['rate_mbit']:.1%}",
+                     f"{v['goodput_mbit'] / v['rate_mbit']:.1%}", f"{h['drops']}/{v['drops']}",
+                     "-" if h["daemon_cpu_max"] is None else f"{h['daemon_cpu_max']:.0%}"))
+    print(table.render(["delay ms", "rate Mbit", "2xdelay ms", f"RTT {host[0]['shaper']}", "RTT netem (VM)",
+                        f"goodput {host[0]['shaper']}", "goodput netem (VM)", "drops host/VM", "daemon CPU"], rows,
+                       "\nside by side"))
 
 
 if __name__ == "__main__":
