@@ -27,7 +27,7 @@ apt:
 $(STAMP): pyproject.toml | apt
 	test -x $(PY) || $(PYTHON_SYS) -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,train]'
 	touch $(STAMP)
 
 # Every tier this machine can run: unit + root + mininet on the host, then the stock-kernel tier in QEMU.

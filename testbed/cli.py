@@ -229,6 +229,55 @@ def cmd_vm(args: argparse.Namespace) -> int:
     return run_in_vm(command, Path(args.out).resolve(), kvm=args.kvm, memory=args.memory, cpus=args.cpus)
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from testbed import state as statefile
+    from testbed.runner import RunError, RunOptions, run_experiment
+
+    options = RunOptions(
+        schedules=[s.strip() for s in args.schedule.split(",")], microbatches=args.microbatches,
+        microbatch_size=args.microbatch_size, iterations=args.iterations,
+        model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
+        memory_budget=units.parse_size(args.memory_budget) if args.memory_budget else None,
+        hang_timeout_s=args.hang_timeout)
+    from workloads.schedule import SCHEDULES
+    allowed = (*SCHEDULES, "torch-1f1b", "torch-gpipe")
+    bad = [s for s in options.schedules if s not in allowed]
+    if bad:
+        raise BackendError(f"unknown schedule {bad[0]!r}; choose from: {', '.join(allowed)}")
+    owned = None
+    if statefile.exists(args.target):
+        backend = lifecycle.open_backend(args.target)
+    else:
+        result = lifecycle.up(resolve_topology(args.target), args.name, shaper=args.shaper)
+        owned = result.plan.testbed
+        backend = lifecycle.open_backend(owned)
+        print(f"testbed {owned} up ({result.shaper}); it is removed after the run")
+    try:
+        run_dir, summary = run_experiment(backend, options, Path(args.results), stages=args.stages)
+    except RunError as exc:
+        raise BackendError(str(exc)) from None
+    finally:
+        if owned:
+            lifecycle.down(owned)
+    rows = []
+    for s in summary["schedules"]:
+        br = s["bubble_ratio"]
+        rows.append((s["schedule"], "-" if br is None else f"{br:.3f}",
+                     "-" if br is None else " ".join(f"{b:.3f}" for b in s["bubble_ratio_per_stage"]),
+                     f"{s['step_time_s']:.3f}", f"{s['tokens_per_s']:.0f}",
+                     "-" if s["exposed_comm_s"] is None else f"{s['exposed_comm_s']:.3f}",
+                     "-" if s["peak_inflight_activation_bytes"] is None
+                     else units.format_size(s["peak_inflight_activation_bytes"]),
+                     f"{s['loss_first']:.3f} -> {s['loss_last']:.3f}" if s["loss_first"] is not None else "-"))
+    print(table.render(["schedule", "bubble", "per stage", "step s", "tokens/s", "exposed comm s", "peak in-flight",
+                        "loss"], rows, f"\n{summary['topology']}: {len(summary['stages'])} stages, shaper "
+                                       f"{summary['shaper']}, {summary['transport']}"))
+    print(f"\nresults: {run_dir} (summary.json, trace.json for chrome://tracing or ui.perfetto.dev)")
+    return 0
+
+
 def _check_dict(check: object) -> dict:
     return {k: getattr(check, k) for k in ("kind", "subject", "expected", "measured", "ok")}
 
@@ -309,6 +358,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loss", help="random loss, e.g. 0.1%% (only on links with lossless: false)")
     p.set_defaults(func=cmd_link)
 
+    p = sub.add_parser("run", help="train the pipeline workload across a testbed's hosts (or a topology's)")
+    p.add_argument("target", nargs="?", default=DEFAULT_TOPOLOGY, help="a running testbed's name, or a topology")
+    p.add_argument("--workload", default="pipeline", choices=["pipeline"])
+    p.add_argument("--schedule", default="1f1b,geopipe",
+                   help="comma-separated: gpipe, 1f1b, geopipe, torch-1f1b, torch-gpipe (PyTorch's own)")
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--microbatch-size", type=int, default=4)
+    p.add_argument("--iterations", type=int, default=4, help="timed iterations (after one warm-up)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--memory-budget", help="geopipe: in-flight activation bytes per stage, e.g. 64MiB")
+    p.add_argument("--stages", type=int, help="use the first N hosts (default: all hosts, in DC order)")
+    p.add_argument("--hang-timeout", type=float, default=60.0, help="fail when no worker reports for this long")
+    p.add_argument("--results", default="results")
+    p.add_argument("--name", help="name for a testbed brought up for this run")
+    p.add_argument("--shaper", default="auto", choices=SHAPER_CHOICES)
+    p.set_defaults(func=cmd_run)
+
     p = sub.add_parser("vm", help="run a command under a stock kernel in QEMU: testbed vm -- CMD...")
     p.add_argument("--check", action="store_true", help="only say whether the tier is available")
     p.add_argument("--kvm", action="store_true", help="use KVM (hangs on some hosts; TCG is the default)")
@@ -328,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if tail is not None:
         args.command = tail
-    needs_root = args.cmd in ("up", "down", "exec", "verify", "link")
+    needs_root = args.cmd in ("up", "down", "exec", "verify", "link", "run")
     try:
         if needs_root and os.geteuid() != 0:
             raise BackendError(f"'testbed {args.cmd}' needs root (network namespaces); run it with sudo")

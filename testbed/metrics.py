@@ -1,0 +1,68 @@
+"""From per-rank traces to the numbers of summary.json: bubble ratio per stage, step time, tokens/s,
+exposed communication, peak in-flight activation memory. Steady-state iterations only (warm-up excluded)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+
+def summarize(schedule: str, ranks: list[dict[str, Any]], tokens_per_step: int) -> dict[str, Any]:
+    """`ranks`: the rank-<r>.json documents of one schedule's run, in rank order."""
+    steady = [i for i, it in enumerate(ranks[0]["iterations"]) if not it["warmup"]]
+    step_times, bubbles, waits = [], [[] for _ in ranks], [[] for _ in ranks]
+    for i in steady:
+        its = [r["iterations"][i] for r in ranks]
+        step = max(it["end"] for it in its) - min(it["start"] for it in its)
+        step_times.append(step)
+        for s, it in enumerate(its):
+            if it.get("compute_s") is not None:
+                bubbles[s].append(1 - it["compute_s"] / step)
+                waits[s].append(it["wait_s"])
+    step_time = statistics.median(step_times)
+    has_compute = all(bubbles)
+    per_stage = [statistics.mean(b) for b in bubbles] if has_compute else None
+    peaks = [max((it["peak_inflight_bytes"] or 0) for it in r["iterations"]) for r in ranks]
+    losses = [it["loss"] for it in ranks[-1]["iterations"] if it["loss"] is not None]
+    compute = ([statistics.mean(ranks[s]["iterations"][i]["compute_s"] for i in steady) for s in range(len(ranks))]
+               if has_compute else None)
+    return {
+        "schedule": schedule,
+        "bubble_ratio": statistics.mean(per_stage) if per_stage else None,
+        "bubble_ratio_per_stage": per_stage,
+        "step_time_s": step_time,
+        "step_time_spread_s": [min(step_times), max(step_times)],
+        "tokens_per_s": tokens_per_step / step_time,
+        "exposed_comm_s": statistics.mean(statistics.mean(w) for w in waits) if has_compute else None,
+        "exposed_comm_s_per_stage": [statistics.mean(w) for w in waits] if has_compute else None,
+        "compute_s_per_stage": compute,
+        "peak_inflight_activation_bytes": max(peaks) if any(peaks) else None,
+        "peak_inflight_activation_bytes_per_stage": peaks if any(peaks) else None,
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None,
+        "iterations": len(steady),
+        "geo_plan": ranks[0].get("geo_plan"),
+    }
+
+
+def chrome_trace(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """All ranks of all schedules on one timeline (chrome://tracing, Perfetto): pid = schedule, tid = rank."""
+    events: list[dict[str, Any]] = []
+    origin = min(it["start"] for ranks in runs.values() for r in ranks for it in r["iterations"])
+    for pid, (schedule, ranks) in enumerate(runs.items()):
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": schedule}})
+        for r in ranks:
+            tid = r["rank"]
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"stage {tid}"}})
+            for it in r["iterations"]:
+                events.append({"ph": "X", "name": f"iteration {it['iteration']}", "cat": "iteration", "pid": pid,
+                               "tid": tid, "ts": (it["start"] - origin) * 1e6, "dur": (it["end"] - it["start"]) * 1e6})
+                for span in it["spans"]:
+                    name = span["kind"] if span["mb"] < 0 else f"{span['kind']}{span['mb']}"
+                    events.append({"ph": "X", "name": name, "cat": "compute" if span["kind"] in "FB" else "wait",
+                                   "pid": pid, "tid": tid, "ts": (span["start"] - origin) * 1e6,
+                                   "dur": (span["end"] - span["start"]) * 1e6})
+                for t, value in it["memory"]:
+                    events.append({"ph": "C", "name": f"in-flight activations stage {tid}", "pid": pid,
+                                   "ts": (t - origin) * 1e6, "args": {"bytes": value}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

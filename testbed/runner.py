@@ -1,0 +1,240 @@
+"""`testbed run`: launch one pipeline worker per host namespace, supervise them, collect and summarise.
+
+A worker that exits non-zero, or a run that makes no progress for `hang_timeout_s`, fails the whole run
+within seconds: every worker is stopped (SIGTERM, then SIGKILL), and the error names the worker and shows
+the end of its log. Workers are recorded in the testbed's state, so `testbed down` stops them too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed import procs
+from testbed.backends.base import Backend
+from testbed.paths import REPO_ROOT
+from testbed.state import ProcessRecord, process_start_ticks
+
+MASTER_PORT = 29500
+
+
+class RunError(RuntimeError):
+    """The run failed; the message names the worker and quotes its log."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunOptions:
+    schedules: list[str]
+    microbatches: int = 8
+    microbatch_size: int = 4
+    iterations: int = 4
+    model: dict[str, Any] = field(default_factory=dict)
+    memory_budget: int | None = None
+    split: list[int] | None = None
+    hang_timeout_s: float = 60.0
+    lr: float = 3e-3
+    seed: int = 1234
+
+
+@dataclass(frozen=True, slots=True)
+class StageLink:
+    """What lies between stage s and s+1: configured one-way delay and bottleneck rate (0 delay within a DC)."""
+
+    delay_s: float
+    rate_bps: float
+
+
+def stage_links(plan: dict[str, Any], hosts: list[dict[str, Any]]) -> list[StageLink]:
+    links = []
+    for a, b in zip(hosts, hosts[1:], strict=False):
+        if a["dc"] == b["dc"]:
+            links.append(StageLink(0.0, float(plan.get("fabrics", {}).get(a["dc"], {}).get("rate_bps", 10e9))))
+            continue
+        path = plan["paths"][a["dc"]][b["dc"]]
+        delay, rate = 0.0, float("inf")
+        for here, nxt in zip(path, path[1:], strict=False):
+            shape = next(s for s in plan["shapes"] if s["src_dc"] == here and s["dst_dc"] == nxt)
+            delay += shape["delay_s"]
+            rate = min(rate, shape["rate_bps"])
+        links.append(StageLink(delay, rate))
+    return links
+
+
+def pipeline_hosts(plan: dict[str, Any], stages: int | None = None) -> list[dict[str, Any]]:
+    """Hosts in DC order (the stage order); the first `stages` of them when given."""
+    hosts = [n for n in plan["nodes"] if n["role"] == "host"]
+    if stages is not None:
+        if not 2 <= stages <= len(hosts):
+            raise RunError(f"--stages {stages}: the testbed has {len(hosts)} hosts; use 2..{len(hosts)}")
+        hosts = hosts[:stages]
+    return hosts
+
+
+def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: list[dict[str, Any]], out_dir: Path,
+                 progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run one schedule to completion on `hosts`; return the per-rank trace documents."""
+    plan = backend.state.plan
+    links = stage_links(plan, hosts)
+    master = hosts[0]["interfaces"][0]["address"].split("/")[0]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cpus = os.cpu_count() or 1
+    running: list[tuple[int, subprocess.Popen[bytes], Path]] = []
+    try:
+        for rank, host in enumerate(hosts):
+            config = {
+                "rank": rank, "world": len(hosts), "master_addr": master, "master_port": MASTER_PORT,
+                "schedule": schedule, "microbatches": options.microbatches,
+                "microbatch_size": options.microbatch_size, "iterations": options.iterations,
+                "model": options.model, "split": options.split,
+                "link_delay_s": [lk.delay_s for lk in links], "link_rate_bps": [lk.rate_bps for lk in links],
+                "memory_budget": options.memory_budget, "lr": options.lr, "seed": options.seed,
+                "out_dir": str(out_dir), "cpu": rank % cpus, "timeout_s": max(60.0, options.hang_timeout_s)}
+            path = out_dir / f"worker-{rank}.json"
+            path.write_text(json.dumps(config, indent=1))
+            log = out_dir / f"worker-{rank}.log"
+            with open(log, "wb") as logf:
+                proc = backend.popen(host["name"], [sys.executable, "-m", "workloads.worker", str(path)],
+                                     stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1",
+                                          "GLOO_SOCKET_IFNAME": "eth0"},
+                                     start_new_session=True)
+            backend.state.processes.append(ProcessRecord(proc.pid, process_start_ticks(proc.pid) or 0, "worker",
+                                                         host["name"]))
+            running.append((rank, proc, log))
+        backend.state.save()
+        _supervise(running, options.hang_timeout_s, progress)
+    finally:
+        alive = [p.pid for _, p, _ in running if p.poll() is None]
+        procs.terminate(alive, grace_s=2.0)
+        for _, p, _ in running:
+            p.wait()
+        pids = {p.pid for _, p, _ in running}
+        backend.state.processes = [r for r in backend.state.processes if r.pid not in pids]
+        backend.state.save()
+    return [json.loads((out_dir / f"rank-{rank}.json").read_text()) for rank in range(len(hosts))]
+
+
+def _supervise(running: list[tuple[int, subprocess.Popen[bytes], Path]], hang_timeout_s: float,
+               progress: Callable[[dict[str, Any]], None] | None) -> None:
+    sel = selectors.DefaultSelector()
+    for rank, proc, _ in running:
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        sel.register(proc.stdout, selectors.EVENT_READ, rank)
+    buffers = {rank: b"" for rank, _, _ in running}
+    last_progress = time.monotonic()
+    try:
+        while True:
+            for key, _ in sel.select(timeout=0.2):
+                chunk = key.fileobj.read()  # type: ignore[union-attr]
+                if chunk:
+                    buffers[key.data] += chunk
+                    *lines, buffers[key.data] = buffers[key.data].split(b"\n")
+                    for line in lines:
+                        last_progress = time.monotonic()
+                        if progress and line.strip():
+                            with contextlib.suppress(json.JSONDecodeError):
+                                progress(json.loads(line))
+                else:
+                    sel.unregister(key.fileobj)
+            for rank, proc, log in running:
+                code = proc.poll()
+                if code not in (None, 0):
+                    raise RunError(f"worker {rank} exited with {code}; the run was stopped. End of {log}:\n"
+                                   + _tail(log))
+            if all(proc.poll() == 0 for _, proc, _ in running):
+                return
+            if time.monotonic() - last_progress > hang_timeout_s:
+                stuck = [str(rank) for rank, proc, _ in running if proc.poll() is None]
+                raise RunError(f"no progress for {hang_timeout_s:.0f} s (workers {', '.join(stuck)} still running); "
+                               f"the run was stopped. End of {running[0][2]}:\n" + _tail(running[0][2]))
+    finally:
+        sel.close()
+
+
+def _tail(path: Path, chars: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:].strip() or "(empty log)"
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def options_dict(options: RunOptions) -> dict[str, Any]:
+    return asdict(options)
+
+
+def run_experiment(backend: Backend, options: RunOptions, results_root: Path, *, stages: int | None = None,
+                   run_id: str | None = None, log: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
+    """Every schedule of `options` in turn on one running testbed; writes results/<run-id>/ and returns it."""
+    import platform
+
+    from testbed import linkcheck, metrics
+    from testbed.shaping.registry import shaper_for
+
+    plan = backend.state.plan
+    hosts = pipeline_hosts(plan, stages)
+    run_id = run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{'-'.join(options.schedules)}"
+    run_dir = results_root / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shaper = shaper_for(backend)
+    shaper_name = backend.state.extra.get("shaper", {}).get("name", "none")
+    drops_before = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
+    delay_checks = linkcheck.check_delays(backend, probes=10)
+    cpus = os.cpu_count() or 1
+    daemons = sum(1 for p in backend.state.processes if p.role == "delayline")
+    oversubscribed = len(hosts) > cpus
+    if oversubscribed or len(hosts) + daemons > cpus:
+        log(f"WARNING: {len(hosts)} workers + {daemons} delay daemons on {cpus} cores: compute spans stretch when "
+            "more run than there are cores, so bubble ratios are under-stated (recorded in summary.json)")
+    tokens = options.microbatches * options.microbatch_size * int(options.model.get("block_size", 64))
+    summaries, traces = [], {}
+    for schedule in options.schedules:
+        log(f"running {schedule}: {len(hosts)} stages on {', '.join(h['name'] for h in hosts)}")
+
+        def progress(event: dict[str, Any], schedule: str = schedule) -> None:
+            if event.get("event") == "iteration" and event.get("rank") == len(hosts) - 1:
+                loss = event.get("loss")
+                log(f"  {schedule} iteration {event['iteration']}: {event['seconds']:.3f} s"
+                    + (f", loss {loss:.3f}" if loss is not None else ""))
+
+        ranks = run_schedule(backend, schedule, options, hosts, run_dir / schedule, progress)
+        traces[schedule] = ranks
+        summaries.append(metrics.summarize(schedule, ranks, tokens))
+    drops_after = shaper.drops() if shaper else []
+    links = []
+    for shape in plan["shapes"]:
+        subject = f"{shape['link']} {shape['src_dc']} -> {shape['dst_dc']}"
+        check = next((c for c in delay_checks if c.kind == "one-way" and c.subject == subject), None)
+        drop = next((d for d in drops_after if d.link == shape["link"] and d.direction.startswith(shape["src_dc"])), None)
+        new_drops = (drop.unintended - drops_before.get((drop.link, drop.direction), 0)) if drop else None
+        links.append({"link": shape["link"], "from": shape["src_dc"], "to": shape["dst_dc"],
+                      "configured_delay_s": shape["delay_s"], "configured_rate_bps": shape["rate_bps"],
+                      "measured_one_way": check.measured if check else None,
+                      "delay_ok": check.ok if check else None, "drops_during_run": new_drops,
+                      "lossless": shape["lossless"]})
+    lossless_ok = all(not lk["lossless"] or not lk["drops_during_run"] for lk in links)
+    summary = {
+        "run_id": run_id, "topology": plan["topology"], "testbed": plan["testbed"],
+        "stages": [{"rank": i, "host": h["name"], "dc": h["dc"]} for i, h in enumerate(hosts)],
+        "stage_links": [asdict(lk) for lk in stage_links(plan, hosts)],
+        "links": links, "lossless_ok": lossless_ok, "shaper": shaper_name,
+        "shaper_calibration_s": backend.state.extra.get("shaper", {}).get("calibration_s", {}),
+        "transport": "gloo-tcp", "kernel": platform.release(), "cpus": cpus,
+        "oversubscribed": len(hosts) + daemons > cpus, "workers": len(hosts), "delay_daemons": daemons,
+        "options": asdict(options), "schedules": summaries,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    (run_dir / "trace.json").write_text(json.dumps(metrics.chrome_trace(traces)))
+    (run_dir / "plan.json").write_text(json.dumps(plan, indent=1))
+    if not lossless_ok:
+        raise RunError(f"drops on a lossless link during the run (see {run_dir / 'summary.json'})")
+    return run_dir, summary

@@ -1,0 +1,224 @@
+"""Pipeline schedules as data: one list of actions per rank (cf. torch.distributed.pipelining's `_Action`).
+
+Actions (microbatch `i`):
+  RF i  post the receive of i's activation from the previous stage (non-blocking)
+  F  i  forward of i (waits for RF i's data on stages > 0)
+  SF i  send i's output activation to the next stage (non-blocking)
+  RB i  post the receive of i's output gradient from the next stage (non-blocking)
+  B  i  backward of i (waits for RB i's data on stages < last)
+  SB i  send i's input gradient to the previous stage (non-blocking)
+Text form: `RF3 F3 SF3 ...`, one line per rank (golden files in tests/golden/).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Op(StrEnum):
+    RECV_F = "RF"
+    FORWARD = "F"
+    SEND_F = "SF"
+    RECV_B = "RB"
+    BACKWARD = "B"
+    SEND_B = "SB"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    op: Op
+    mb: int
+
+    def __str__(self) -> str:
+        return f"{self.op.value}{self.mb}"
+
+    @classmethod
+    def parse(cls, text: str) -> Action:
+        m = re.fullmatch(r"(RF|SF|RB|SB|F|B)(\d+)", text)
+        if not m:
+            raise ValueError(f"not an action: {text!r} (write e.g. F3, RB0)")
+        return cls(Op(m.group(1)), int(m.group(2)))
+
+
+Schedule = list[list[Action]]
+"""One action list per rank (rank = stage)."""
+
+SCHEDULES = ("gpipe", "1f1b", "geopipe")
+SLACK_MICROBATCHES = 1
+"""GeoPipe keeps one micro-batch more in flight than the mean times require, to absorb compute jitter
+(measured: without it stage 0 still waited ~10 ms per gradient at 1000 km on a 2-core machine)."""
+
+
+def _fwd(stage: int, stages: int, mb: int, recv: bool = True) -> list[Action]:
+    acts = [Action(Op.RECV_F, mb)] if stage > 0 and recv else []
+    acts.append(Action(Op.FORWARD, mb))
+    if stage < stages - 1:
+        acts.append(Action(Op.SEND_F, mb))
+    return acts
+
+
+def _bwd(stage: int, stages: int, mb: int, recv: bool = True) -> list[Action]:
+    acts = [Action(Op.RECV_B, mb)] if stage < stages - 1 and recv else []
+    acts.append(Action(Op.BACKWARD, mb))
+    if stage > 0:
+        acts.append(Action(Op.SEND_B, mb))
+    return acts
+
+
+def gpipe(stages: int, microbatches: int) -> Schedule:
+    """All forwards, then all backwards; receives posted just before use."""
+    return [[a for mb in range(microbatches) for a in _fwd(s, stages, mb)]
+            + [a for mb in range(microbatches) for a in _bwd(s, stages, mb)] for s in range(stages)]
+
+
+def one_f_one_b(stages: int, microbatches: int) -> Schedule:
+    """1F1B as PyTorch's Schedule1F1B runs it: p-1-s warm-up forwards, then alternate; receives just in time."""
+    result = []
+    for s in range(stages):
+        warmup = min(stages - 1 - s, microbatches)
+        acts: list[Action] = []
+        for mb in range(warmup):
+            acts += _fwd(s, stages, mb)
+        for i in range(microbatches - warmup):
+            acts += _fwd(s, stages, warmup + i)
+            acts += _bwd(s, stages, i)
+        for mb in range(microbatches - warmup, microbatches):
+            acts += _bwd(s, stages, mb)
+        result.append(acts)
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class GeoPlan:
+    """How GeoPipe sized each stage: extra in-flight micro-batches and receive look-ahead, and what bound them."""
+
+    extra_inflight: tuple[int, ...]
+    recv_lookahead: tuple[int, ...]
+    wanted_extra: tuple[int, ...]
+    """Extra micro-batches that would fully hide each stage's outgoing link."""
+    bound: tuple[str, ...]
+    """Per stage: 'hidden' (enough to hide the link), 'memory budget', 'micro-batches', or 'no link'."""
+
+
+def geopipe_plan(stages: int, microbatches: int, *, link_delay_s: list[float], link_rate_Bps: list[float],
+                 activation_bytes: int, compute_s: list[float], stash_bytes: list[int],
+                 memory_budget: int | None) -> GeoPlan:
+    """Extra in-flight micro-batches per stage so that compute continues while data crosses the next link.
+
+    The link after stage s carries i's activation forward and its gradient back: one round trip plus two
+    transfers, during which stage s can run one forward+backward (compute_s) per extra micro-batch.
+    `link_delay_s[s]` / `link_rate_Bps[s]` describe the link between stage s and s+1 (0 delay: same DC; the
+    transfers and the receiver-driven hand-shake still take time there, so the slack micro-batch applies).
+    Each in-flight micro-batch costs `stash_bytes[s]` of memory (HBM); the budget caps each stage's total.
+    """
+    extra, look, wanted, bound = [], [], [], []
+    for s in range(stages):
+        if s == stages - 1:
+            want = 0
+        else:
+            cover = 2 * link_delay_s[s] + 2 * activation_bytes / link_rate_Bps[s]
+            want = math.ceil(cover / max(compute_s[s], 1e-6)) + SLACK_MICROBATCHES
+        base = stages - 1 - s
+        room = microbatches - min(base, microbatches)
+        k = min(want, max(0, room))
+        reason = "hidden" if s < stages - 1 else "no link"
+        if k < want:
+            reason = "micro-batches"
+        if memory_budget is not None:
+            fit = memory_budget // max(stash_bytes[s], 1) - base - 1
+            if fit < k:
+                k, reason = max(0, fit), "memory budget"
+        extra.append(k)
+        look.append(min(microbatches, base + k + 2))
+        wanted.append(want)
+        bound.append(reason)
+    return GeoPlan(tuple(extra), tuple(look), tuple(wanted), tuple(bound))
+
+
+def geopipe(stages: int, microbatches: int, plan: GeoPlan) -> Schedule:
+    """1F1B with cross-DC-aware overlap: every receive posted ahead of need (the activation look-ahead and
+    each gradient right after its activation leaves), and extra warm-up forwards on the stage before a
+    long link so that it computes while activations and gradients cross."""
+    return [_geopipe_rank(s, stages, microbatches, plan) for s in range(stages)]
+
+
+def _geopipe_rank(s: int, stages: int, microbatches: int, plan: GeoPlan) -> list[Action]:
+    warmup = min(stages - 1 - s + plan.extra_inflight[s], microbatches)
+    ahead = min(plan.recv_lookahead[s], microbatches) if s > 0 else 0
+    acts: list[Action] = [Action(Op.RECV_F, mb) for mb in range(ahead)]
+    posted = ahead if s > 0 else microbatches
+    order = list(range(warmup)) + [x for i in range(microbatches - warmup) for x in (warmup + i, -1 - i)]
+    order += [-1 - mb for mb in range(microbatches - warmup, microbatches)]
+    for item in order:                       # >= 0: forward of that micro-batch; < 0: backward of -1 - item
+        if item < 0:
+            acts += _bwd(s, stages, -1 - item, recv=False)
+            continue
+        acts += _fwd(s, stages, item, recv=False)
+        if s < stages - 1:
+            acts.append(Action(Op.RECV_B, item))
+        if s > 0 and posted < microbatches:
+            acts.append(Action(Op.RECV_F, posted))
+            posted += 1
+    return acts
+
+
+def to_text(schedule: Schedule) -> str:
+    return "\n".join(" ".join(str(a) for a in rank) for rank in schedule) + "\n"
+
+
+def from_text(text: str) -> Schedule:
+    return [[Action.parse(t) for t in line.split()] for line in text.strip().splitlines()]
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run: names the rank, the position and what is wrong."""
+
+
+def validate(schedule: Schedule, microbatches: int) -> None:
+    """Every rank runs F and B of each micro-batch once, B after F, receives posted before use, and every
+    send has its matching receive on the neighbour (and vice versa)."""
+    stages = len(schedule)
+    for s, acts in enumerate(schedule):
+        seen: dict[tuple[Op, int], int] = {}
+        for pos, a in enumerate(acts):
+            if not 0 <= a.mb < microbatches:
+                raise ScheduleError(f"rank {s} action {pos} ({a}): micro-batch out of range 0..{microbatches - 1}")
+            if (a.op, a.mb) in seen:
+                raise ScheduleError(f"rank {s} action {pos} ({a}): repeated (first at {seen[(a.op, a.mb)]})")
+            seen[(a.op, a.mb)] = pos
+        for mb in range(microbatches):
+            for op in (Op.FORWARD, Op.BACKWARD):
+                if (op, mb) not in seen:
+                    raise ScheduleError(f"rank {s}: {op.value}{mb} missing")
+            if seen[(Op.BACKWARD, mb)] < seen[(Op.FORWARD, mb)]:
+                raise ScheduleError(f"rank {s}: B{mb} before F{mb}")
+            needs = [(Op.RECV_F, Op.FORWARD, s > 0), (Op.RECV_B, Op.BACKWARD, s < stages - 1)]
+            for recv, use, required in needs:
+                if required and seen.get((recv, mb), 10**9) > seen[(use, mb)]:
+                    raise ScheduleError(f"rank {s}: {use.value}{mb} needs {recv.value}{mb} posted before it")
+                if not required and (recv, mb) in seen:
+                    raise ScheduleError(f"rank {s}: {recv.value}{mb} has no sender")
+            for send, after, required in [(Op.SEND_F, Op.FORWARD, s < stages - 1), (Op.SEND_B, Op.BACKWARD, s > 0)]:
+                if required and seen.get((send, mb), -1) < seen[(after, mb)]:
+                    raise ScheduleError(f"rank {s}: {send.value}{mb} missing or before {after.value}{mb}")
+                if not required and (send, mb) in seen:
+                    raise ScheduleError(f"rank {s}: {send.value}{mb} has no receiver")
+
+
+def build(name: str, stages: int, microbatches: int, geo: GeoPlan | None = None) -> Schedule:
+    """A named schedule, validated."""
+    if name == "gpipe":
+        schedule = gpipe(stages, microbatches)
+    elif name == "1f1b":
+        schedule = one_f_one_b(stages, microbatches)
+    elif name == "geopipe":
+        if geo is None:
+            raise ValueError("geopipe needs a GeoPlan (see geopipe_plan)")
+        schedule = geopipe(stages, microbatches, geo)
+    else:
+        raise ValueError(f"unknown schedule {name!r}; choose one of: {', '.join(SCHEDULES)}")
+    validate(schedule, microbatches)
+    return schedule

@@ -1,0 +1,135 @@
+"""Dry-run a schedule: a discrete-event model of the pipeline that catches deadlocks and predicts timing.
+
+Model (the same semantics the executor runs under gloo/TCP):
+- F/B of stage s take `forward_s[s]` / `backward_s[s]`; sends and receive posts take no time.
+- A message over the link between stages s and s+1 (one-way delay d, rate R, `bytes`) is receiver-driven,
+  as gloo's TCP pair is: it starts when both the send is issued (t_send) and the receiver's post has
+  reached the sender (t_post + d); it then occupies the link for bytes/R (messages in one direction queue
+  in program order) and arrives d later. A receive posted just in time therefore costs an extra round trip.
+Predicts per-stage compute time, iteration time, bubble ratio, exposed communication and peak in-flight
+activation memory; reports a deadlock with every blocked rank's next action.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workloads.schedule import Action, Op, Schedule
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """Times and sizes the model needs (seconds, bytes, bytes/s)."""
+
+    forward_s: list[float]
+    backward_s: list[float]
+    link_delay_s: list[float]
+    """Per link between stage s and s+1 (len = stages - 1)."""
+    link_rate_Bps: list[float]
+    activation_bytes: int
+    stash_bytes: int
+    """Memory a stage holds per micro-batch between its F and B (in-flight activation)."""
+
+
+@dataclass(slots=True)
+class Prediction:
+    iteration_s: float
+    compute_s: list[float]
+    bubble_ratio: list[float]
+    exposed_comm_s: list[float]
+    peak_inflight_bytes: list[int]
+    end_s: list[float] = field(default_factory=list)
+
+    @property
+    def mean_bubble_ratio(self) -> float:
+        return sum(self.bubble_ratio) / len(self.bubble_ratio)
+
+
+class Deadlock(RuntimeError):
+    """No rank can move: each blocked rank's next action and what it waits for."""
+
+
+def simulate(schedule: Schedule, costs: Costs) -> Prediction:
+    stages = len(schedule)
+    clock = [0.0] * stages
+    pos = [0] * stages
+    wait = [0.0] * stages
+    compute = [0.0] * stages
+    inflight = [0] * stages
+    peak = [0] * stages
+    posted: dict[tuple[str, int, int], float] = {}     # (dir, receiving stage, mb) -> post time
+    sent: dict[tuple[str, int, int], float] = {}       # (dir, receiving stage, mb) -> send time
+    arrival: dict[tuple[str, int, int], float] = {}
+    link_free: dict[tuple[str, int], float] = {}
+    order: dict[tuple[str, int], list[int]] = {}       # sends per (dir, receiving stage), program order
+
+    def link_of(direction: str, dst: int) -> int:
+        return dst - 1 if direction == "F" else dst
+
+    def resolve(direction: str, dst: int) -> None:
+        queue = order.get((direction, dst), [])
+        while queue:
+            mb = queue[0]
+            key = (direction, dst, mb)
+            if key not in posted:
+                return
+            link = link_of(direction, dst)
+            d, rate = costs.link_delay_s[link], costs.link_rate_Bps[link]
+            ready = max(sent[key], posted[key] + d)
+            start = max(ready, link_free.get((direction, dst), 0.0))
+            link_free[(direction, dst)] = start + costs.activation_bytes / rate
+            arrival[key] = link_free[(direction, dst)] + d
+            queue.pop(0)
+
+    def step(s: int) -> bool:
+        a: Action = schedule[s][pos[s]]
+        if a.op in (Op.RECV_F, Op.RECV_B):
+            direction = "F" if a.op is Op.RECV_F else "B"
+            posted[(direction, s, a.mb)] = clock[s]
+            if direction == "F":
+                inflight[s] += costs.activation_bytes
+                peak[s] = max(peak[s], inflight[s])
+            resolve(direction, s)
+        elif a.op in (Op.SEND_F, Op.SEND_B):
+            direction, dst = ("F", s + 1) if a.op is Op.SEND_F else ("B", s - 1)
+            sent[(direction, dst, a.mb)] = clock[s]
+            order.setdefault((direction, dst), []).append(a.mb)
+            resolve(direction, dst)
+        else:
+            forward = a.op is Op.FORWARD
+            needs = (forward and s > 0) or (not forward and s < stages - 1)
+            start = clock[s]
+            if needs:
+                key = ("F" if forward else "B", s, a.mb)
+                if key not in arrival:
+                    return False
+                start = max(start, arrival[key])
+            wait[s] += start - clock[s]
+            cost = costs.forward_s[s] if forward else costs.backward_s[s]
+            clock[s] = start + cost
+            compute[s] += cost
+            if forward:
+                if s > 0:
+                    inflight[s] -= costs.activation_bytes
+                inflight[s] += costs.stash_bytes
+                peak[s] = max(peak[s], inflight[s])
+            else:
+                inflight[s] -= costs.stash_bytes
+        pos[s] += 1
+        return True
+
+    while True:
+        progressed = False
+        for s in range(stages):
+            while pos[s] < len(schedule[s]) and step(s):
+                progressed = True
+        if all(pos[s] == len(schedule[s]) for s in range(stages)):
+            break
+        if not progressed:
+            blocked = [f"rank {s} at {schedule[s][pos[s]]} (action {pos[s]})" for s in range(stages)
+                       if pos[s] < len(schedule[s])]
+            raise Deadlock("deadlock: " + "; ".join(blocked))
+    iteration = max(clock)
+    return Prediction(iteration_s=iteration, compute_s=compute,
+                      bubble_ratio=[1 - c / iteration for c in compute], exposed_comm_s=wait,
+                      peak_inflight_bytes=peak, end_s=clock)
