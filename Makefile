@@ -12,7 +12,7 @@ APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet pytho
 	qemu-system-x86 linux-image-amd64 busybox-static
 STAMP := $(VENV)/.installed
 
-.PHONY: install apt test test-host test-unit vm-test lint up down status plan doctor bench-up bench-links clean
+.PHONY: install apt test test-host test-unit vm-test lint up down status plan doctor bench-up bench-links bench-pipeline clean
 
 install: $(STAMP)
 
@@ -46,7 +46,7 @@ test-unit: install
 	$(PY) -m pytest -m "not root and not vm and not mininet and not multihost"
 
 lint: install
-	$(VENV)/bin/ruff check testbed tests bench
+	$(VENV)/bin/ruff check testbed workloads tests bench
 
 plan: install
 	$(TESTBED) plan $(TOPO)
@@ -65,6 +65,9 @@ doctor: install
 
 bench-up: install
 	$(PY) bench/bringup.py 4dc-32hosts --reps 3
+
+bench-pipeline: install
+	$(PY) bench/pipeline.py
 
 bench-links: install
 	$(PY) bench/links.py $(if $(shell $(TESTBED) vm --check >/dev/null 2>&1 && echo y),--netem-vm)
