@@ -12,7 +12,7 @@ APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet pytho
 	qemu-system-x86 linux-image-amd64 busybox-static
 STAMP := $(VENV)/.installed
 
-.PHONY: install apt test test-host test-unit vm-test lint up down status plan doctor bench-up bench-links bench-pipeline clean
+.PHONY: demo install apt test test-host test-unit vm-test lint up down status plan doctor bench-up bench-links bench-pipeline clean
 
 install: $(STAMP)
 
@@ -47,6 +47,10 @@ test-unit: install
 
 lint: install
 	$(VENV)/bin/ruff check testbed workloads tests bench
+
+# The main job: the GeoPipe experiment on the default topology (about 7 minutes on 2 cores).
+demo: install
+	$(TESTBED) experiment $(DEMO_ARGS)
 
 plan: install
 	$(TESTBED) plan $(TOPO)

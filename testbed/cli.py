@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -175,40 +174,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_link(args: argparse.Namespace) -> int:
-    from testbed.plan.builder import reshape
-    from testbed.plan.model import LinkShape
-    from testbed.shaping.registry import shaper_for
+    from testbed.linkset import set_link
 
     backend = lifecycle.open_backend(args.name)
-    state = backend.state
-    shapes = [s for s in state.plan["shapes"] if {s["src_dc"], s["dst_dc"]} == {args.a, args.b}]
-    if not shapes:
-        links = ", ".join(sorted({s["link"] for s in state.plan["shapes"]}))
-        raise BackendError(f"no OTN link between {args.a!r} and {args.b!r} in {state.name}; links: {links}")
-    if args.from_dc:
-        shapes = [s for s in shapes if s["src_dc"] == args.from_dc]
-        if not shapes:
-            raise BackendError(f"--from must be {args.a} or {args.b}")
     values = {"delay_s": units.parse_time(args.delay) if args.delay else None,
               "rate_bps": units.parse_rate(args.rate) if args.rate else None,
               "jitter_s": units.parse_time(args.jitter) if args.jitter else None,
               "loss": units.parse_fraction(args.loss) if args.loss else None}
-    if all(v is None for v in values.values()):
-        raise BackendError("nothing to change: give --delay, --rate, --jitter and/or --loss")
-    shaper = shaper_for(backend)
-    if shaper is None:
-        raise BackendError(f"testbed {state.name} runs without a shaper; nothing can be changed")
-    for old in shapes:
-        try:
-            new = reshape(LinkShape(**old), **values)
-        except ValueError as exc:
-            raise BackendError(str(exc)) from None
-        shaper.set_direction(new)
-        state.plan["shapes"] = [dataclasses.asdict(new) if s is old else s for s in state.plan["shapes"]]
-        state.save()
+    for new in set_link(backend, args.a, args.b, from_dc=args.from_dc, **values):
         print(f"{new.link} {new.src_dc} -> {new.dst_dc}: delay {units.format_time(new.delay_s)}, "
               f"rate {units.format_rate(new.rate_bps)}, jitter {units.format_time(new.jitter_s)}, loss {new.loss:g}")
-    print(f"check it: testbed verify {state.name}")
+    print(f"check it: testbed verify {backend.state.name}")
     return 0
 
 
@@ -280,6 +256,49 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _check_dict(check: object) -> dict:
     return {k: getattr(check, k) for k in ("kind", "subject", "expected", "measured", "ok")}
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from testbed.experiment import Experiment, ExperimentSpec
+    from testbed.report import terminal_summary
+
+    spec = ExperimentSpec(
+        topology=args.topology, microbatches=args.microbatches, iterations=args.iterations,
+        distances_km=[float(x) for x in args.distances.split(",")], focus_km=args.focus, repetitions=args.repetitions,
+        budgets_stash=[int(x) for x in args.budgets.split(",")] if args.budgets else [],
+        rates_mbit=[float(x) for x in args.rates.split(",")] if args.rates else [],
+        microbatch_counts=[int(x) for x in args.microbatch_counts.split(",")] if args.microbatch_counts else [],
+        memory_budget=units.parse_size(args.memory_budget) if args.memory_budget else None, results=args.results)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
+                  TimeElapsedColumn()) as progress:
+        holder: dict[str, int] = {}
+        experiment = Experiment(spec, log=progress.console.print,
+                                advance=lambda: progress.advance(holder["task"]))
+        holder["task"] = progress.add_task("GeoPipe experiment", total=experiment.total_runs())
+        exp_dir = experiment.run()
+    print(terminal_summary(exp_dir))
+    print(f"\nresults: {exp_dir} (report.md, report.html, *.png, summary.json, points.csv)")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from testbed.report import rerender
+
+    path = Path(args.run)
+    if not (path / "summary.json").exists():
+        candidates = sorted(Path(args.results).glob(f"*{args.run}*/summary.json"))
+        if not candidates:
+            raise BackendError(f"no experiment {args.run!r}: give a folder with summary.json (e.g. results/<id>)")
+        path = candidates[-1].parent
+    if "points" not in json.loads((path / "summary.json").read_text()):
+        raise BackendError(f"{path} is a single run, not an experiment; its summary.json is the report")
+    print(rerender(path))
+    print(f"\nre-rendered: {path}/report.md, report.html, *.png")
+    return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -378,6 +397,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shaper", default="auto", choices=SHAPER_CHOICES)
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("experiment", help="the GeoPipe experiment: distance sweep, repetitions, budget sweep, report")
+    p.add_argument("--topology", default=DEFAULT_TOPOLOGY)
+    p.add_argument("--distances", default="0,100,500,1000,2000", help="km, comma-separated")
+    p.add_argument("--focus", type=float, default=1000.0, help="km of the repetitions, budget sweep and timeline")
+    p.add_argument("--repetitions", type=int, default=3)
+    p.add_argument("--budgets", default="2,3,4", help="geopipe budgets at the focus, in micro-batch stashes")
+    p.add_argument("--rates", default="", help="optional rate sweep at the focus, Mbit/s")
+    p.add_argument("--microbatch-counts", default="", help="optional micro-batch sweep at the focus")
+    p.add_argument("--memory-budget", help="geopipe budget in the distance sweep (default: none)")
+    p.add_argument("--microbatches", type=int, default=64)
+    p.add_argument("--iterations", type=int, default=3)
+    p.add_argument("--results", default="results")
+    p.set_defaults(func=cmd_experiment)
+
+    p = sub.add_parser("report", help="re-render an experiment's plots and report from its summary.json")
+    p.add_argument("run", help="results/<id> or a part of the id")
+    p.add_argument("--results", default="results")
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("vm", help="run a command under a stock kernel in QEMU: testbed vm -- CMD...")
     p.add_argument("--check", action="store_true", help="only say whether the tier is available")
     p.add_argument("--kvm", action="store_true", help="use KVM (hangs on some hosts; TCG is the default)")
@@ -397,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if tail is not None:
         args.command = tail
-    needs_root = args.cmd in ("up", "down", "exec", "verify", "link", "run")
+    needs_root = args.cmd in ("up", "down", "exec", "verify", "link", "run", "experiment")
     try:
         if needs_root and os.geteuid() != 0:
             raise BackendError(f"'testbed {args.cmd}' needs root (network namespaces); run it with sudo")

@@ -29,6 +29,8 @@ class Costs:
     activation_bytes: int
     stash_bytes: int
     """Memory a stage holds per micro-batch between its F and B (in-flight activation)."""
+    message_overhead_s: float = 0.0
+    """Fixed cost per message beyond delay and transfer (stack, hand-shake, dispatch); fitted from a run."""
 
 
 @dataclass(slots=True)
@@ -78,7 +80,7 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
             ready = max(sent[key], posted[key] + d)
             start = max(ready, link_free.get((direction, dst), 0.0))
             link_free[(direction, dst)] = start + costs.activation_bytes / rate
-            arrival[key] = link_free[(direction, dst)] + d
+            arrival[key] = link_free[(direction, dst)] + d + costs.message_overhead_s
             queue.pop(0)
 
     def step(s: int) -> bool:

@@ -1,0 +1,62 @@
+"""The analytical model: each schedule's bubble ratio and step time from measured per-micro-batch compute
+times, link delay and rate, and the memory budget, by the same discrete-event model that dry-runs
+schedules (workloads/simulate.py). It is also the "what if" for distances and rates no machine here emulates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workloads import schedule as S
+from workloads.simulate import Costs, Prediction, simulate
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimes:
+    """Measured per micro-batch (seconds, bytes)."""
+
+    forward_s: list[float]
+    backward_s: list[float]
+    activation_bytes: int
+    stash_bytes: list[int]
+
+
+def stage_times(ranks: list[dict[str, Any]]) -> StageTimes:
+    """Mean forward/backward span per micro-batch over steady iterations, from a run's rank traces."""
+    fwd, bwd, stash = [], [], []
+    for r in ranks:
+        its = [it for it in r["iterations"] if not it["warmup"]]
+        fwd.append(sum(it["forward_s"] for it in its) / len(its))
+        bwd.append(sum(it["backward_s"] for it in its) / len(its))
+        stash.append(max(it["stash_bytes"] for it in its))
+    return StageTimes(fwd, bwd, int(ranks[0]["activation_bytes"]), stash)
+
+
+def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: list[float],
+            link_rate_bps: list[float], memory_budget: int | None = None,
+            message_overhead_s: float = 0.0) -> tuple[Prediction, S.GeoPlan | None]:
+    stages = len(times.forward_s)
+    rates = [r / 8 for r in link_rate_bps]
+    geo = None
+    if schedule == "geopipe":
+        geo = S.geopipe_plan(stages, microbatches, link_delay_s=link_delay_s, link_rate_Bps=rates,
+                             activation_bytes=times.activation_bytes,
+                             compute_s=[f + b for f, b in zip(times.forward_s, times.backward_s, strict=True)],
+                             stash_bytes=times.stash_bytes, memory_budget=memory_budget)
+    sched = S.build(schedule.removeprefix("torch-"), stages, microbatches, geo)
+    costs = Costs(times.forward_s, times.backward_s, link_delay_s, rates, times.activation_bytes,
+                  max(times.stash_bytes), message_overhead_s)
+    return simulate(sched, costs), geo
+
+
+def fit_message_overhead(schedule: str, times: StageTimes, microbatches: int, link_delay_s: list[float],
+                         link_rate_bps: list[float], measured_step_s: float) -> float:
+    """The one free parameter: per-message overhead that makes the model's step time match one measured run
+    (bisection over 0-20 ms). Everything else the model uses is measured or configured."""
+    lo, hi = 0.0, 0.02
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        step = predict(schedule, times, microbatches, link_delay_s, link_rate_bps, message_overhead_s=mid)[0].iteration_s
+        lo, hi = (mid, hi) if step < measured_step_s else (lo, mid)
+    return (lo + hi) / 2
