@@ -151,3 +151,20 @@ def test_killed_worker_fails_the_run_fast_and_cleanly(unique_name: str, tmp_path
     finally:
         run_cli("down", unique_name)
     assert netns_with_prefix(f"tb-{unique_name}-") == []
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_small_experiment_end_to_end(tmp_path: Path) -> None:
+    out = run_cli("experiment", "--distances", "0,500", "--repetitions", "2", "--budgets", "2", "--microbatches", "8",
+                  "--iterations", "1", "--results", str(tmp_path), timeout=900)
+    exp = next(tmp_path.glob("*-experiment"))
+    doc = json.loads((exp / "summary.json").read_text())
+    assert len(doc["points"]) == 2 * 3 + 2 + 1
+    assert all(p["predicted_bubble"] is not None for p in doc["points"])
+    assert json.loads((exp / "model_inputs.json").read_text())["message_overhead_s"] >= 0
+    for name in ("report.md", "report.html", "bubble_vs_distance.png", "timeline_1f1b_vs_geopipe.png",
+                 "memory_budget.png", "points.csv", "topology.yaml", "plan.json", "environment.json"):
+        assert (exp / name).exists(), name
+    assert "bubble ratio per schedule" in out.stdout
+    assert netns_with_prefix("tb-exp") == []

@@ -1,0 +1,78 @@
+"""Model fitting, the experiment report and plots, from synthetic data (no root, no network)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("torch")
+
+from testbed import report  # noqa: E402
+from testbed.predict import StageTimes, fit_message_overhead, predict  # noqa: E402
+
+TIMES = StageTimes(forward_s=[0.008, 0.009], backward_s=[0.015, 0.016], activation_bytes=131072,
+                   stash_bytes=[5_000_000, 5_000_000])
+
+
+def test_fit_recovers_a_known_message_overhead() -> None:
+    truth = 0.0007
+    step = predict("1f1b", TIMES, 32, [0.0], [1e9], message_overhead_s=truth)[0].iteration_s
+    assert fit_message_overhead("1f1b", TIMES, 32, [0.0], [1e9], step) == pytest.approx(truth, abs=2e-6)
+
+
+def test_model_orders_schedules_and_budget_bounds() -> None:
+    far = {s: predict(s, TIMES, 32, [0.005], [1e9])[0].mean_bubble_ratio for s in ("gpipe", "1f1b", "geopipe")}
+    assert far["geopipe"] < far["1f1b"] < far["gpipe"]
+    tight, geo = predict("geopipe", TIMES, 32, [0.005], [1e9], memory_budget=10_000_000)
+    assert geo is not None and geo.bound[0] == "memory budget"
+    assert tight.mean_bubble_ratio > far["geopipe"]
+
+
+def _point(sweep: str, km: float, schedule: str, bubble: float, model: float, rep: int = 0,
+           budget: int | None = None, run_dir: str = "") -> dict:
+    return {"sweep": sweep, "distance_km": km, "delay_s": km * 5e-6, "rate_bps": 1e9, "microbatches": 32,
+            "schedule": schedule, "repetition": rep, "memory_budget": budget, "rtt_s": 2 * km * 5e-6 + 1e-4,
+            "measured": {"bubble_ratio": bubble, "step_time_s": 1.0, "tokens_per_s": 8000.0, "exposed_comm_s": 0.1,
+                         "peak_inflight_activation_bytes": 11_000_000, "loss_last": 3.2, "geo_plan": None},
+            "predicted_bubble": model, "predicted_step_s": 1.0, "geo_plan": None, "run_dir": run_dir}
+
+
+@pytest.fixture
+def experiment_dir(tmp_path: Path) -> Path:
+    points = [_point("distance", 0, "1f1b", 0.20, 0.20), _point("distance", 0, "geopipe", 0.10, 0.09),
+              _point("distance", 1000, "1f1b", 0.44, 0.42), _point("distance", 1000, "geopipe", 0.08, 0.05),
+              _point("repeat", 1000, "1f1b", 0.42, 0.42, rep=1), _point("repeat", 1000, "geopipe", 0.09, 0.05, rep=1),
+              _point("budget", 1000, "geopipe", 0.30, 0.29, budget=10_000_000),
+              _point("budget", 1000, "geopipe", 0.09, 0.06, budget=20_000_000)]
+    doc = {"id": "test", "spec": {"schedules": ["1f1b", "geopipe"], "memory_budget": None, "focus_km": 1000},
+           "environment": {"shaper": "delayline", "transport": "gloo-tcp", "kernel": "k", "cpus": 2,
+                           "versions": {"torch": "2.13.0"}, "seconds": 1.0},
+           "points": points, "model_only": [{"distance_km": 5000, "schedule": "geopipe", "bubble": 0.3, "step_s": 2.0}]}
+    (tmp_path / "summary.json").write_text(json.dumps(doc))
+    return tmp_path
+
+
+def test_report_tables_flag_divergence_and_state_spread(experiment_dir: Path) -> None:
+    doc = json.loads((experiment_dir / "summary.json").read_text())
+    headers, rows, notes = report.distance_rows(doc)
+    row = rows[1]
+    assert row[0] == "1000" and "[0.420-0.440]" in row[headers.index("bubble 1f1b (model)")]
+    assert row[headers.index("bubble geopipe (model)")].endswith("!")          # 0.05 vs 0.085: flagged
+    assert any("geopipe at 1000 km" in n for n in notes)
+    assert row[headers.index("reduction geopipe vs 1f1b")] == "80.2%"          # 1 - 0.085 / 0.43
+    lines = report.headline(doc)
+    assert "over 2 repetitions" in lines[0] and "spread" in lines[0]
+
+
+def test_plots_and_reports_are_written(experiment_dir: Path) -> None:
+    summary = report.rerender(experiment_dir)
+    assert "memory budget at 1000 km" in summary
+    for name in ("bubble_vs_distance.png", "memory_budget.png"):
+        png = experiment_dir / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    html = (experiment_dir / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 2 and "<table>" in html
+    assert "![bubble_vs_distance.png](bubble_vs_distance.png)" in (experiment_dir / "report.md").read_text()
