@@ -20,17 +20,23 @@ class StageTimes:
     backward_s: list[float]
     activation_bytes: int
     stash_bytes: list[int]
+    dispatch_s: list[float] | None = None
+    """Per stage, per F or B: the executor's own time between spans (neither compute nor waiting)."""
 
 
 def stage_times(ranks: list[dict[str, Any]]) -> StageTimes:
-    """Mean forward/backward span per micro-batch over steady iterations, from a run's rank traces."""
-    fwd, bwd, stash = [], [], []
+    """Mean forward/backward span per micro-batch over steady iterations, from a run's rank traces, and the
+    time each F or B costs beyond its span (iteration - compute - waits, per action)."""
+    fwd, bwd, stash, dispatch = [], [], [], []
     for r in ranks:
         its = [it for it in r["iterations"] if not it["warmup"]]
         fwd.append(sum(it["forward_s"] for it in its) / len(its))
         bwd.append(sum(it["backward_s"] for it in its) / len(its))
         stash.append(max(it["stash_bytes"] for it in its))
-    return StageTimes(fwd, bwd, int(ranks[0]["activation_bytes"]), stash)
+        actions = 2 * sum(1 for sp in its[0]["spans"] if sp["kind"] == "F")
+        idle = [(it["end"] - it["start"]) - it["compute_s"] - it["wait_s"] for it in its]
+        dispatch.append(max(0.0, sum(idle) / len(idle)) / max(actions, 1))
+    return StageTimes(fwd, bwd, int(ranks[0]["activation_bytes"]), stash, dispatch)
 
 
 def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: list[float],
@@ -46,7 +52,7 @@ def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: l
                              stash_bytes=times.stash_bytes, memory_budget=memory_budget)
     sched = S.build(schedule.removeprefix("torch-"), stages, microbatches, geo)
     costs = Costs(times.forward_s, times.backward_s, link_delay_s, rates, times.activation_bytes,
-                  max(times.stash_bytes), message_overhead_s)
+                  max(times.stash_bytes), message_overhead_s, times.dispatch_s)
     return simulate(sched, costs), geo
 
 

@@ -31,6 +31,9 @@ class Costs:
     """Memory a stage holds per micro-batch between its F and B (in-flight activation)."""
     message_overhead_s: float = 0.0
     """Fixed cost per message beyond delay and transfer (stack, hand-shake, dispatch); fitted from a run."""
+    dispatch_s: list[float] | None = None
+    """Per stage: time per F or B spent neither computing nor waiting (the executor's own work between
+    spans: posting, allocating, bookkeeping); it delays the pipeline but is not compute."""
 
 
 @dataclass(slots=True)
@@ -108,7 +111,7 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
                 start = max(start, arrival[key])
             wait[s] += start - clock[s]
             cost = costs.forward_s[s] if forward else costs.backward_s[s]
-            clock[s] = start + cost
+            clock[s] = start + cost + (costs.dispatch_s[s] if costs.dispatch_s else 0.0)
             compute[s] += cost
             if forward:
                 if s > 0:
