@@ -69,7 +69,7 @@ def bubble_vs_distance(doc: dict[str, Any], path: Path) -> Path:
 def _focus_run(doc: dict[str, Any], schedule: str) -> Path | None:
     focus = doc["spec"]["focus_km"]
     for p in doc["points"]:
-        if (p["sweep"] == "distance" and p["schedule"] == schedule and p["distance_km"] == focus):
+        if p["sweep"] in ("distance", "repeat") and p["schedule"] == schedule and p["distance_km"] == focus:
             return Path(p["run_dir"]) / schedule
     return None
 
