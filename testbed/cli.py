@@ -407,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatch-counts", default="", help="optional micro-batch sweep at the focus")
     p.add_argument("--memory-budget", help="geopipe budget in the distance sweep (default: none)")
     p.add_argument("--microbatches", type=int, default=64)
-    p.add_argument("--iterations", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=4, help="timed iterations per run (after one warm-up)")
     p.add_argument("--results", default="results")
     p.set_defaults(func=cmd_experiment)
 

@@ -49,7 +49,7 @@ class ExperimentSpec:
     predict_km: list[float] = field(default_factory=lambda: [5000])
     """Model-only distances (what the machine does not emulate)."""
     microbatches: int = 64
-    iterations: int = 3
+    iterations: int = 4
     memory_budget: int | None = None
     model: dict[str, Any] = field(default_factory=dict)
     results: str = "results"
