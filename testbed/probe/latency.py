@@ -14,6 +14,7 @@ import socket
 import statistics
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.backends import nsfs
@@ -61,6 +62,22 @@ def _spin_recv(sock: socket.socket, deadline: float, accept: object) -> float | 
             return now
 
 
+def _probe(count: int, interval_s: float, timeout_s: float, send: Callable[[int, float], None], rx: socket.socket,
+           accept: Callable[[int, bytes], bool]) -> LatencySample:
+    """Send probe `seq` at time t, spin on `rx` until `accept(seq, data)`; one probe in flight at a time."""
+    values, lost = [], 0
+    for seq in range(count):
+        sent = time.monotonic()
+        send(seq, sent)
+        got = _spin_recv(rx, sent + timeout_s, lambda d, seq=seq: accept(seq, d))
+        if got is None:
+            lost += 1
+        else:
+            values.append(got - sent)
+        time.sleep(interval_s)
+    return LatencySample(tuple(values), lost)
+
+
 def one_way(src_netns: str, dst_netns: str, dst_addr: str, count: int = 10, interval_s: float = PROBE_INTERVAL_S,
             timeout_s: float = 1.0) -> LatencySample:
     """One-way delay src -> dst: UDP probes to a socket bound inside the destination namespace."""
@@ -68,20 +85,12 @@ def one_way(src_netns: str, dst_netns: str, dst_addr: str, count: int = 10, inte
         rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with nsfs.entered(src_netns):
         tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    values, lost = [], 0
     with rx, tx:
         rx.bind((dst_addr, PROBE_PORT))
         rx.setblocking(False)
-        for seq in range(count):
-            sent = time.monotonic()
-            tx.sendto(struct.pack("!Id", seq, sent), (dst_addr, PROBE_PORT))
-            got = _spin_recv(rx, sent + timeout_s, lambda d, seq=seq: struct.unpack("!Id", d[:12])[0] == seq)
-            if got is None:
-                lost += 1
-            else:
-                values.append(got - sent)
-            time.sleep(interval_s)
-    return LatencySample(tuple(values), lost)
+        return _probe(count, interval_s, timeout_s,
+                      lambda seq, sent: tx.sendto(struct.pack("!Id", seq, sent), (dst_addr, PROBE_PORT)), rx,
+                      lambda seq, data: struct.unpack("!Id", data[:12])[0] == seq)
 
 
 def round_trip(src_netns: str, dst_addr: str, count: int = 10, interval_s: float = PROBE_INTERVAL_S,
@@ -90,7 +99,6 @@ def round_trip(src_netns: str, dst_addr: str, count: int = 10, interval_s: float
     with nsfs.entered(src_netns):
         sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
     ident = (id(sock) >> 4) & 0xFFFF
-    values, lost = [], 0
 
     def is_reply(seq: int, data: bytes) -> bool:
         ihl = (data[0] & 0x0F) * 4
@@ -99,13 +107,5 @@ def round_trip(src_netns: str, dst_addr: str, count: int = 10, interval_s: float
 
     with sock:
         sock.setblocking(False)
-        for seq in range(count):
-            sent = time.monotonic()
-            sock.sendto(_echo(ident, seq), (dst_addr, 0))
-            got = _spin_recv(sock, sent + timeout_s, lambda d, seq=seq: is_reply(seq, d))
-            if got is None:
-                lost += 1
-            else:
-                values.append(got - sent)
-            time.sleep(interval_s)
-    return LatencySample(tuple(values), lost)
+        return _probe(count, interval_s, timeout_s, lambda seq, _sent: sock.sendto(_echo(ident, seq), (dst_addr, 0)),
+                      sock, is_reply)

@@ -46,6 +46,11 @@ class Health:
         return not self.problems
 
 
+def field_of(shape: LinkShape | dict[str, Any], key: str) -> Any:
+    """A LinkShape's field, whether it is the dataclass or its JSON form from the state file."""
+    return shape[key] if isinstance(shape, dict) else getattr(shape, key)
+
+
 def direction_label(shape: LinkShape | dict[str, Any]) -> str:
     if isinstance(shape, dict):
         return f"{shape['src_dc']} -> {shape['dst_dc']}"

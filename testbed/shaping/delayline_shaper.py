@@ -21,7 +21,7 @@ from typing import Any
 from testbed.backends import nsfs
 from testbed.plan.model import LinkShape, Plan
 from testbed.shaping import htb, nfqueue
-from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError, direction_label
+from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError, direction_label, field_of
 from testbed.shaping.calibrate import CALIBRATION_HOLD_S, base_one_way
 from testbed.state import ProcessRecord, process_start_ticks
 
@@ -116,7 +116,9 @@ class DelaylineShaper(Shaper):
     @staticmethod
     def _queue_config(shape: LinkShape | dict[str, Any], subtract: dict[str, float]) -> dict[str, Any]:
         """Daemon config of one direction: hold for the planned delay minus `subtract[direction]`."""
-        get = (lambda k: shape[k]) if isinstance(shape, dict) else (lambda k: getattr(shape, k))
+        def get(key: str) -> Any:
+            return field_of(shape, key)
+
         base = subtract.get(direction_label(shape), 0.0)
         return {"queue": queue_number(get("dst_ifname")), "ifname": get("dst_ifname"),
                 "delay_s": max(0.0, get("delay_s") - base), "jitter_s": get("jitter_s"), "loss": get("loss"),

@@ -7,13 +7,15 @@ from typing import Any
 
 from testbed.plan.model import LinkShape, Plan
 from testbed.shaping import htb
-from testbed.shaping.base import DirectionDrops, Health, Shaper, direction_label
+from testbed.shaping.base import DirectionDrops, Health, Shaper, direction_label, field_of
 from testbed.shaping.calibrate import CALIBRATION_HOLD_S, base_one_way
 
 
 def netem_options(shape: LinkShape | dict[str, Any], base_s: float) -> dict[str, Any]:
     """pyroute2 netem options: delay and jitter in microseconds, loss in percent."""
-    get = (lambda k: shape[k]) if isinstance(shape, dict) else (lambda k: getattr(shape, k))
+    def get(key: str) -> Any:
+        return field_of(shape, key)
+
     opts: dict[str, Any] = {"delay": int(round(max(0.0, get("delay_s") - base_s) * 1e6))}
     if get("jitter_s"):
         opts["jitter"] = int(round(get("jitter_s") * 1e6))
@@ -40,7 +42,9 @@ class NetemShaper(Shaper):
 
     @staticmethod
     def _limit(shape: LinkShape | dict[str, Any]) -> int:
-        get = (lambda k: shape[k]) if isinstance(shape, dict) else (lambda k: getattr(shape, k))
+        def get(key: str) -> Any:
+            return field_of(shape, key)
+
         return int(get("rate_queue_packets") + get("delay_queue_packets"))
 
     def set_direction(self, shape: LinkShape) -> None:
