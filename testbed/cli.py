@@ -110,9 +110,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         rows = [(n["name"], n["dc"], n["role"], n["netns"], " ".join(n["addresses"]),
                  "yes" if n["present"] else "GONE") for n in rec["nodes"]]
         print(table.render(["node", "dc", "role", "netns", "addresses", "present"], rows))
+        native = rec["shaper"].get("native_path", [])
         rows = [(lk["link"], f"{lk['from']} -> {lk['to']}", units.format_time(lk["delay_s"]),
-                 units.format_rate(lk["rate_bps"])) for lk in rec["links"]]
-        print(table.render(["link", "direction", "one-way delay", "rate"], rows, "\nOTN links (configured)"))
+                 units.format_rate(lk["rate_bps"]),
+                 "native path" if f"{lk['from']} -> {lk['to']}" in native else rec["shaper"]["name"])
+                for lk in rec["links"]]
+        print(table.render(["link", "direction", "one-way delay", "rate", "delay by"], rows,
+                           "\nOTN links (configured)"))
+        for warning in rec["shaper"].get("warnings", []):
+            print(f"note: {warning}")
     return 0
 
 
@@ -126,8 +132,9 @@ def _shaper_status(state: object) -> dict:
         return {"name": name, "problems": [], "calibration_s": {}}
     shaper = shaper_for(backend_for(state))  # type: ignore[arg-type]
     problems = ["no shaper: OTN links carry no delay or rate limit"] if shaper is None else shaper.health().problems
-    return {"name": name, "problems": problems,
-            "calibration_s": state.extra.get("shaper", {}).get("calibration_s", {})}  # type: ignore[attr-defined]
+    info = state.extra.get("shaper", {})  # type: ignore[attr-defined]
+    return {"name": name, "problems": problems, "calibration_s": info.get("calibration_s", {}),
+            "native_path": info.get("native", []), "warnings": info.get("warnings", [])}
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
@@ -428,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)      # `testbed status | head` ends quietly
     argv = list(sys.argv[1:] if argv is None else argv)
     tail: list[str] | None = None
     if argv[:1] in (["exec"], ["vm"]) and "--" in argv:

@@ -161,3 +161,27 @@ def test_delayline_passes_the_vm_tier_topology(unique_name: str) -> None:
         assert report.ok, report.failures()
     finally:
         run_cli("down", unique_name)
+
+
+def test_delay_below_the_daemon_floor_uses_the_native_path_and_says_so(unique_name: str, tmp_path: Path) -> None:
+    """0.1 ms is shorter than the daemon can time: the direction runs without a delay stage, is named so,
+    and still verifies (the emulator's own path delivers ~0.1 ms); back to a delay stage when it grows."""
+    topo = tmp_path / "short.yaml"
+    topo.write_text("name: short\ndatacenters: {dc-a: {hosts: 1}, dc-b: {hosts: 1}}\n"
+                    "links: [{a: dc-a, b: dc-b, delay: 0.1ms, rate: 100mbit}]\n")
+    up = run_cli("up", str(topo), "--name", unique_name, "--shaper", "delayline")
+    try:
+        assert "native path" in up.stderr
+        backend = lifecycle.open_backend(unique_name)
+        assert sorted(backend.state.extra["shaper"]["native"]) == ["dc-a -> dc-b", "dc-b -> dc-a"]
+        rules = backend.exec("dc-b-rtr", ["iptables", "-t", "raw", "-S", "PREROUTING"], capture_output=True,
+                             text=True).stdout
+        assert "NFQUEUE" not in rules
+        assert "native path" in run_cli("status", unique_name).stdout
+        run_cli("link", "set", "dc-a", "dc-b", "--name", unique_name, "--delay", "3ms")
+        backend = lifecycle.open_backend(unique_name)
+        assert backend.state.extra["shaper"]["native"] == []
+        delays = _by_subject(check_delays(backend, probes=8))
+        assert abs(_delay_ms(delays["dc-a--dc-b dc-a -> dc-b"]) - 3.0) < 0.15
+    finally:
+        run_cli("down", unique_name)

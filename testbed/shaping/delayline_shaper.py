@@ -36,8 +36,9 @@ def queue_number(ifname: str) -> int:
     return int(ifname.removeprefix("otn"))
 
 
-def iptables_rule(ifname: str) -> list[str]:
-    return ["-t", "raw", "-A", "PREROUTING", "-i", ifname, "-j", "NFQUEUE", "--queue-num", str(queue_number(ifname))]
+def iptables_rule(ifname: str, action: str = "-A") -> list[str]:
+    """The NFQUEUE rule of one incoming OTN interface (`-A` to add it, `-D` to delete it)."""
+    return ["-t", "raw", action, "PREROUTING", "-i", ifname, "-j", "NFQUEUE", "--queue-num", str(queue_number(ifname))]
 
 
 class DelaylineShaper(Shaper):
@@ -79,19 +80,43 @@ class DelaylineShaper(Shaper):
                 self._iptables(node, iptables_rule(shape.dst_ifname))
         calibration = base_one_way(self.backend, installed_hold_s=CALIBRATION_HOLD_S)
         extra["calibration_s"] = calibration
+        extra["native"] = []
         extra["warnings"] = []
         for s in plan.shapes:
-            path = calibration[direction_label(s)]
-            if s.delay_s < path + WAKEUP_FLOOR_S:
-                extra["warnings"].append(
-                    f"{direction_label(s)}: {s.delay_s * 1e3:g} ms asked, below what the delay line delivers here "
-                    f"(~{(path + WAKEUP_FLOOR_S) * 1e3:.2f} ms: path {path * 1e6:.0f} us + daemon wake-up); "
-                    "verify shows the real figure; netem (a stock kernel) goes lower")
+            self._place_stage(s)
         self.backend.state.save()
         for node, shapes in incoming.items():
             config = Path(extra["daemons"][node]["config"])
             self._write_config(config, [self._queue_config(s, calibration) for s in shapes], generation=1)
             self._reload(node, generation=1)
+
+    def _place_stage(self, shape: LinkShape) -> None:
+        """Delay stage or native path for one direction, with a warning that names what was done.
+
+        A hold shorter than the daemon's wake-up cannot be timed; when the asked delay is nearer the emulator's
+        own path latency than the shortest hold plus that latency, the direction gets no delay stage and its
+        path itself delivers the delay ('native path'); verify measures it like any other."""
+        extra = self.backend.state.extra["shaper"]
+        label = direction_label(shape)
+        path = extra["calibration_s"][label]
+        native = shape.delay_s < path + WAKEUP_FLOOR_S / 2
+        was_native = label in extra["native"]
+        if native and not was_native:
+            self._iptables(shape.dst_node, iptables_rule(shape.dst_ifname, "-D"))
+            extra["native"].append(label)
+        elif was_native and not native:
+            self._iptables(shape.dst_node, iptables_rule(shape.dst_ifname))
+            extra["native"].remove(label)
+        extra["warnings"] = [w for w in extra["warnings"] if not w.startswith(label + ":")]
+        if native:
+            extra["warnings"].append(
+                f"{label}: {shape.delay_s * 1e3:g} ms asked; the emulator's own path takes {path * 1e6:.0f} us one "
+                "way, so this direction has no delay stage (native path); verify shows what it delivers")
+        elif shape.delay_s < path + WAKEUP_FLOOR_S:
+            extra["warnings"].append(
+                f"{label}: {shape.delay_s * 1e3:g} ms asked, below what the delay line delivers here "
+                f"(~{(path + WAKEUP_FLOOR_S) * 1e3:.2f} ms: path {path * 1e6:.0f} us + daemon wake-up); "
+                "verify shows the real figure; netem (a stock kernel) goes lower")
 
     @staticmethod
     def _write_config(path: Path, queues: list[dict[str, Any]], generation: int) -> None:
@@ -159,6 +184,8 @@ class DelaylineShaper(Shaper):
         generation = int(config.get("generation", 0)) + 1
         self._write_config(config_path, queues, generation)
         self._reload(shape.dst_node, generation)
+        self._place_stage(shape)
+        self.backend.state.save()
 
     def _daemon(self, node: str) -> ProcessRecord | None:
         return next((p for p in self.backend.state.processes if p.role == "delayline" and p.node == node), None)
@@ -187,7 +214,10 @@ class DelaylineShaper(Shaper):
             if stats_path.exists() and time.time() - stats_path.stat().st_mtime > STATS_STALE_S:
                 report.problems.append(f"delay daemon on {node} stopped reporting (stats older than {STATS_STALE_S} s)")
         rules = self._installed_rules()
+        native = self.backend.state.extra.get("shaper", {}).get("native", [])
         for shape in self.backend.state.plan.get("shapes", []):
+            if direction_label(shape) in native:
+                continue
             want = " ".join(iptables_rule(shape["dst_ifname"])[2:])
             if want not in rules.get(shape["dst_node"], ""):
                 report.problems.append(f"{direction_label(shape)}: NFQUEUE rule missing on {shape['dst_node']} "
