@@ -55,7 +55,9 @@ def measure(delay_ms: float, rate_mbit: float, shaper: str, seconds: float) -> d
                 "rtt_ms": rtt.median_s * 1e3, "rtt_lost": rtt.lost, "goodput_mbit": tput.bits_per_s / 1e6,
                 "retransmits": tput.retransmits, "drops": drops,
                 "daemon_cpu_max": max(cpu_share) if cpu_share else None,
-                "calibration_us": max(calibration.values()) * 1e6 if calibration else None}
+                "calibration_us": max(calibration.values()) * 1e6 if calibration else None,
+                "stage": "native path" if backend.state.extra.get("shaper", {}).get("native") else
+                backend.state.extra["shaper"]["name"]}
     finally:
         lifecycle.down(name)
 
@@ -90,12 +92,12 @@ def main() -> int:
                          f"{r['rtt_ms'] - want:+.3f}" + ("" if rtt_ok else " !"), f"{r['goodput_mbit']:.1f}",
                          f"{frac:.1%}" + ("" if tput_ok else " !"), r["retransmits"], r["drops"],
                          "-" if cpu is None else f"{cpu:.0%}" + ("" if cpu_ok else " !"),
-                         "-" if r["calibration_us"] is None else f"{r['calibration_us']:.0f}",
+                         "-" if r["calibration_us"] is None else f"{r['calibration_us']:.0f}", r["stage"],
                          "pass" if ok else "FAIL"))
             print(f"  {delay:g} ms x {rate:g} Mbit: rtt {r['rtt_ms']:.3f} ms, {r['goodput_mbit']:.1f} Mbit, "
                   f"drops {r['drops']}", flush=True)
     print(table.render(["delay ms", "rate Mbit", "2xdelay ms", "RTT ms", "RTT err ms", "goodput Mbit", "of rate",
-                        "retrans", "drops", "daemon CPU", "calib us", "result"], rows,
+                        "retrans", "drops", "daemon CPU", "calib us", "delay by", "result"], rows,
                        f"\nshaper {shaper}, kernel {os.uname().release}"))
     print(f"\n{len(rows) - failures}/{len(rows)} cells meet the goals (RTT within max(3 %, 0.2 ms) of 2 x delay, "
           "goodput 93-103 %, zero drops, daemon CPU <= 25 % at 1 Gbit)")
