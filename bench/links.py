@@ -44,10 +44,10 @@ def measure(delay_ms: float, rate_mbit: float, shaper: str, seconds: float) -> d
         plan = backend.state.plan
         addr_b = otn_address(plan, "dc-b-rtr", "otn0")
         rtt = round_trip(backend.netns_path("dc-a-rtr"), addr_b, count=20, timeout_s=1 + 4 * delay_ms / 1e3)
-        cpu = {n: linkcheck._daemon_cpu(sh, n) for n in ("dc-a-rtr", "dc-b-rtr")}
+        cpu = {n: linkcheck.daemon_cpu(sh, n) for n in ("dc-a-rtr", "dc-b-rtr")}
         tput = tcp_throughput(backend, "dc-a-rtr", "dc-b-rtr", addr_b, seconds=seconds)
         wall = tput.seconds + 1.0
-        cpu_after = {n: linkcheck._daemon_cpu(sh, n) for n in cpu}
+        cpu_after = {n: linkcheck.daemon_cpu(sh, n) for n in cpu}
         cpu_share = [max(0.0, cpu_after[n] - cpu[n]) / wall for n in cpu if cpu[n] is not None]
         drops = sum(d.unintended for d in sh.drops()) if sh else 0
         calibration = backend.state.extra.get("shaper", {}).get("calibration_s", {})

@@ -17,7 +17,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,6 @@ from testbed.probe.latency import round_trip
 from testbed.runner import RunOptions, pipeline_hosts, run_experiment, stage_links
 from testbed.shaping.calibrate import otn_address
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
-
-MODEL_DIVERGENCE = 0.20
 
 
 @dataclass(kw_only=True, slots=True)
@@ -288,6 +286,3 @@ def focus_table(doc: dict[str, Any]) -> dict[str, Any]:
                       reduction_max=max(reductions), repetitions=len(pairs))
     return result
 
-
-def with_overrides(spec: ExperimentSpec, **kw: Any) -> ExperimentSpec:
-    return replace(spec, **{k: v for k, v in kw.items() if v is not None})

@@ -65,8 +65,8 @@ def check_throughput(backend: Backend, shaper: Shaper | None, seconds: float = 3
     checks = []
     for shape in plan["shapes"]:
         addr = otn_address(plan, shape["dst_node"], shape["dst_ifname"])
-        cpu_before = _daemon_cpu(shaper, shape["dst_node"])
-        src_cpu_before = _daemon_cpu(shaper, shape["src_node"])
+        cpu_before = daemon_cpu(shaper, shape["dst_node"])
+        src_cpu_before = daemon_cpu(shaper, shape["src_node"])
         result = tcp_throughput(backend, shape["src_node"], shape["dst_node"], addr, seconds=seconds)
         cpu = _cpu_share(shaper, shape["dst_node"], cpu_before, result.seconds + 1.0)
         src_cpu = _cpu_share(shaper, shape["src_node"], src_cpu_before, result.seconds + 1.0)
@@ -81,13 +81,13 @@ def check_throughput(backend: Backend, shaper: Shaper | None, seconds: float = 3
     return checks
 
 
-def _daemon_cpu(shaper: Shaper | None, node: str) -> float | None:
+def daemon_cpu(shaper: Shaper | None, node: str) -> float | None:
     stats = getattr(shaper, "daemon_stats", lambda _n: None)(node)
     return None if stats is None else float(stats["cpu_s"])
 
 
 def _cpu_share(shaper: Shaper | None, node: str, before: float | None, wall_s: float) -> float | None:
-    after = _daemon_cpu(shaper, node)
+    after = daemon_cpu(shaper, node)
     if before is None or after is None:
         return None
     return max(0.0, after - before) / wall_s

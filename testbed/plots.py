@@ -126,16 +126,8 @@ def memory_budget(doc: dict[str, Any], path: Path) -> Path:
         peak = p["measured"]["peak_inflight_activation_bytes"] / 2**20
         ax.annotate(f"peak {peak:.1f} MiB", (x, p["measured"]["bubble_ratio"]), textcoords="offset points",
                     xytext=(0, 8), ha="center", fontsize=7)
-    ax.set_xlabel("memory budget: in-flight activation bytes per stage (MiB)")
-    ax.set_ylabel("computation bubble ratio")
-    ax.set_ylim(bottom=0)
     ax.set_title(f"The HBM trade-off at {focus:g} km")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, "memory budget: in-flight activation bytes per stage (MiB)", path)
 
 
 def sweep_plot(doc: dict[str, Any], sweep: str, key: str, scale: float, xlabel: str, path: Path) -> Path:
@@ -148,6 +140,11 @@ def sweep_plot(doc: dict[str, Any], sweep: str, key: str, scale: float, xlabel: 
                 label=f"{schedule} (measured)")
         ax.plot(xs, [p["predicted_bubble"] for p in pts], "--", color=COLORS[schedule], alpha=0.7,
                 label=f"{schedule} (model)")
+    return _finish(fig, ax, xlabel, path)
+
+
+def _finish(fig: Any, ax: Any, xlabel: str, path: Path) -> Path:
+    """Axes, grid and legend of a bubble-ratio plot; write the PNG and free the figure."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel("computation bubble ratio")
     ax.set_ylim(bottom=0)

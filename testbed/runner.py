@@ -168,10 +168,6 @@ def _tail(path: Path, chars: int = 1500) -> str:
         return "(no log)"
 
 
-def options_dict(options: RunOptions) -> dict[str, Any]:
-    return asdict(options)
-
-
 def run_experiment(backend: Backend, options: RunOptions, results_root: Path, *, stages: int | None = None,
                    run_id: str | None = None, log: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
     """Every schedule of `options` in turn on one running testbed; writes results/<run-id>/ and returns it."""

@@ -43,9 +43,6 @@ class Backend(ABC):
         with nsfs.entered(self.netns_path(node)):
             return IPRoute()
 
-    def node_names(self, role: str | None = None) -> list[str]:
-        return [n["name"] for n in self.state.plan.get("nodes", []) if role in (None, n["role"])]
-
     @abstractmethod
     def popen(self, node: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """Start a process on a node."""

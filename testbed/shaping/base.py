@@ -85,15 +85,11 @@ class Shaper(ABC):
         """HTB at the DC fabric rate on each host's egress and on each router port towards a host."""
         queue = max([s.rate_queue_packets for s in plan.shapes] + [1000])
         for node in plan.nodes:
-            if node.role == "host":
-                rate = self._fabric_rate(node.dc)
-                with self.backend.netlink(node.name) as ipr:
-                    htb.apply_rate(ipr, htb.RateSpec(node.name, "eth0", rate, queue))
-            else:
-                rate = self._fabric_rate(node.dc)
-                with self.backend.netlink(node.name) as ipr:
-                    for port in node.bridge_ports:
-                        htb.apply_rate(ipr, htb.RateSpec(node.name, port, rate, queue))
+            rate = self._fabric_rate(node.dc)
+            ports = ("eth0",) if node.role == "host" else node.bridge_ports
+            with self.backend.netlink(node.name) as ipr:
+                for port in ports:
+                    htb.apply_rate(ipr, htb.RateSpec(node.name, port, rate, queue))
 
     def _fabric_rate(self, dc: str) -> float:
         fabrics = self.backend.state.plan.get("fabrics", {})
