@@ -44,8 +44,12 @@ def interrupts_unwind() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def up(topology_path: Path, name: str | None = None, backend: str = "netns", shaper: str = "auto") -> UpResult:
-    """Validate, plan, deploy and shape. On any failure or interrupt, nothing is left behind."""
+def up(topology_path: Path, name: str | None = None, backend: str = "netns", shaper: str = "auto",
+       switch: str = "auto") -> UpResult:
+    """Validate, plan, deploy and shape. On any failure or interrupt, nothing is left behind.
+
+    `switch` picks Mininet's DC switch (auto, linuxbridge, ovs, ovs-user); the netns backend has none.
+    """
     from testbed.shaping.registry import SHAPERS, resolve
 
     shaper_name = resolve(shaper)
@@ -53,11 +57,16 @@ def up(topology_path: Path, name: str | None = None, backend: str = "netns", sha
     plan = build_plan(topology, name)
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    if switch != "auto" and backend != "mininet":
+        raise BackendError(f"--switch {switch} applies to --backend mininet only (the {backend} backend bridges "
+                           "each DC inside its router namespace)")
     with interrupts_unwind(), statefile.locked():
         if statefile.exists(plan.testbed):
             raise BackendError(f"testbed {plan.testbed!r} is already up; run 'testbed down {plan.testbed}' first "
                                "or give this one another --name")
         state = TestbedState(name=plan.testbed, backend=backend, topology_source=str(topology_path))
+        if backend == "mininet":
+            state.extra["mininet"] = {"switch_requested": switch}
         started = time.perf_counter()
         made = backend_for(state)
         made.deploy(plan)

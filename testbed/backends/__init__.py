@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from testbed.backends.base import Backend, BackendError
+from testbed.backends.mininet import MininetBackend
 from testbed.backends.netns import NetnsBackend
 from testbed.state import TestbedState
 
 BACKENDS: dict[str, type[Backend]] = {
     NetnsBackend.name: NetnsBackend,
+    MininetBackend.name: MininetBackend,
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyroute2 import IPRoute
@@ -16,6 +17,16 @@ from testbed.state import TestbedState
 
 class BackendError(RuntimeError):
     """A backend could not build, enter or remove a testbed; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class FabricPort:
+    """An interface whose egress carries a DC's fabric traffic towards a host (shaped at the fabric rate)."""
+
+    node: str | None
+    """The node whose namespace holds it; None for the root namespace (Mininet's switches live there)."""
+    ifname: str
+    dc: str
 
 
 class Backend(ABC):
@@ -38,10 +49,16 @@ class Backend(ABC):
     def netns_path(self, node: str) -> str:
         """A path that names the node's network namespace (for setns), e.g. /run/netns/NAME."""
 
-    def netlink(self, node: str) -> IPRoute:
-        """A netlink socket bound to the node's namespace (caller closes it)."""
+    def netlink(self, node: str | None) -> IPRoute:
+        """A netlink socket bound to the node's namespace, or the root namespace for None (caller closes it)."""
+        if node is None:
+            return IPRoute()
         with nsfs.entered(self.netns_path(node)):
             return IPRoute()
+
+    @abstractmethod
+    def fabric_ports(self) -> list[FabricPort]:
+        """Every egress of the DC fabrics: each host's uplink and each port that delivers to a host."""
 
     @abstractmethod
     def popen(self, node: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:

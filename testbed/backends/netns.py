@@ -6,28 +6,21 @@ the namespaces removes every link, address, route, qdisc and iptables rule with 
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Sequence
-from typing import Any
-
 from pyroute2 import IPRoute
 
-from testbed import procs
 from testbed.backends import nsfs
-from testbed.backends.base import Backend, BackendError
+from testbed.backends.base import FabricPort
+from testbed.backends.namespaces import NamespaceBackend
 from testbed.plan.model import Node, Plan
 
 
-class NetnsBackend(Backend):
+class NetnsBackend(NamespaceBackend):
     """Namespaces built directly through netlink (pyroute2)."""
 
     name = "netns"
 
     def deploy(self, plan: Plan) -> None:
-        clashes = [ns for ns in plan.netns_names() if nsfs.exists(ns)]
-        if clashes:
-            raise BackendError(f"namespace {clashes[0]} already exists (another testbed named {plan.testbed!r}?); "
-                               f"run 'testbed down {plan.testbed}' or pick another --name")
+        self.check_names_free(plan.netns_names())
         self.state.netns = plan.netns_names()
         self.state.plan = plan.to_json()
         self.state.save()
@@ -57,37 +50,16 @@ class NetnsBackend(Backend):
         self.state.save()
 
     def destroy(self) -> None:
-        self.state.phase = "destroying"
-        inodes = [ino for ino in (nsfs.inode(ns) for ns in self.state.netns) if ino is not None]
-        procs.terminate_records(self.state.processes)
-        procs.terminate(procs.pids_in_netns(inodes))
-        failures = []
-        for ns in self.state.netns:
-            try:
-                nsfs.remove(ns)
-            except OSError as exc:
-                failures.append(f"{ns}: {exc}")
-        if failures:
-            self.state.save()
-            raise BackendError("could not remove namespaces: " + "; ".join(failures))
+        self.remove_namespaces()
         self.state.delete()
 
-    def popen(self, node: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        netns = self.netns_of(node)
-        if not nsfs.exists(netns):
-            raise BackendError(f"node {node!r}: namespace {netns} is gone; run 'testbed down {self.state.name}' "
-                               "and bring the testbed up again")
-        return subprocess.Popen(list(argv), preexec_fn=lambda: nsfs.enter_in_child(netns), **kwargs)  # noqa: PLW1509
-
-    def netns_path(self, node: str) -> str:
-        return nsfs.path_of(self.netns_of(node))
-
-    def netns_of(self, node: str) -> str:
-        for item in self.state.plan.get("nodes", []):
-            if item["name"] == node:
-                return str(item["netns"])
-        known = ", ".join(n["name"] for n in self.state.plan.get("nodes", []))
-        raise BackendError(f"no node {node!r} in testbed {self.state.name!r}; nodes: {known}")
+    def fabric_ports(self) -> list[FabricPort]:
+        """Each host's eth0 and each router bridge port (the router's side of a host's veth)."""
+        ports = []
+        for node in self.state.plan.get("nodes", []):
+            names = node["bridge_ports"] if node["role"] == "router" else [i["name"] for i in node["interfaces"]]
+            ports += [FabricPort(node["name"], name, node["dc"]) for name in names]
+        return ports
 
 
 def _create_node(node: Node) -> IPRoute:

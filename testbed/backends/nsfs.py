@@ -83,6 +83,20 @@ def create(name: str) -> None:
         os.close(home)
 
 
+def attach(name: str, pid: int) -> None:
+    """Pin the network namespace of a running process at /run/netns/NAME, as `ip netns attach NAME PID` does."""
+    _ensure_run_dir()
+    target = path_of(name)
+    fd = os.open(target, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o444)
+    os.close(fd)
+    try:
+        _check(_libc.mount(f"/proc/{pid}/ns/net".encode(), target.encode(), b"none", MS_BIND, None),
+               f"bind-mount the namespace of PID {pid} at {target}")
+    except BaseException:
+        os.unlink(target)
+        raise
+
+
 def remove(name: str) -> bool:
     """Unmount and delete the named namespace. Returns False if it did not exist."""
     target = path_of(name)

@@ -82,14 +82,11 @@ class Shaper(ABC):
         """Drop counters per OTN direction."""
 
     def apply_fabric(self, plan: Plan) -> None:
-        """HTB at the DC fabric rate on each host's egress and on each router port towards a host."""
+        """HTB at the DC fabric rate on every egress towards or from a host (any rate: no 1 Gbit ceiling)."""
         queue = max([s.rate_queue_packets for s in plan.shapes] + [1000])
-        for node in plan.nodes:
-            rate = self._fabric_rate(node.dc)
-            ports = ("eth0",) if node.role == "host" else node.bridge_ports
-            with self.backend.netlink(node.name) as ipr:
-                for port in ports:
-                    htb.apply_rate(ipr, htb.RateSpec(node.name, port, rate, queue))
+        for port in self.backend.fabric_ports():
+            with self.backend.netlink(port.node) as ipr:
+                htb.apply_rate(ipr, htb.RateSpec(port.node or "root", port.ifname, self._fabric_rate(port.dc), queue))
 
     def _fabric_rate(self, dc: str) -> float:
         fabrics = self.backend.state.plan.get("fabrics", {})

@@ -1,0 +1,194 @@
+"""The Mininet backend: the plan built with Mininet's API, its host namespaces pinned so the testbed outlives `up`.
+
+Mininet keeps a node's namespace alive only while the node's shell runs, and those shells die with the Python
+process that made them. So after Mininet has built and started the network, each node's namespace is pinned
+at the plan's name (/run/netns/tb-<testbed>-<node>, as `ip netns attach` does), the plan's sysctls, MTUs and
+routes are set through netlink, and Mininet's shells are stopped. From then on shapers, probes and workers
+use the same namespaces as on the netns backend; `testbed cli` re-attaches Mininet objects for its CLI.
+The switches (LinuxBridge or Open vSwitch) live in the root namespace under recorded names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from testbed.backends import mininet_net, nsfs, ovs
+from testbed.backends.base import BackendError, FabricPort
+from testbed.backends.namespaces import NamespaceBackend
+from testbed.plan.builder import FABRIC_MTU
+from testbed.plan.model import Node, Plan
+from testbed.state import ProcessRecord, process_start_ticks
+
+SHELL_ROLE = "mininet-shell"
+
+
+def resolve_switch(requested: str) -> tuple[str, str]:
+    """The switch kind to use and why: `auto` takes OVS where its kernel datapath runs, else LinuxBridge."""
+    if requested not in mininet_net.SWITCH_KINDS:
+        raise BackendError(f"unknown switch {requested!r}; choose one of: {', '.join(mininet_net.SWITCH_KINDS)}")
+    kernel, running = ovs.kernel_datapath(), ovs.system_switch_running()
+    if requested == "auto":
+        if kernel and running:
+            return "ovs", "Open vSwitch kernel datapath available and ovs-vswitchd running"
+        why = "no openvswitch kernel module" if not kernel else "the system's ovs-vswitchd is not running"
+        return "linuxbridge", f"{why}: Linux bridge (OVS userspace: --switch ovs-user)"
+    if requested == "ovs" and not (kernel and running):
+        missing = "the openvswitch kernel module" if not kernel else "a running ovs-vswitchd (service openvswitch-switch start)"
+        raise BackendError(f"--switch ovs needs {missing}; use --switch ovs-user (userspace datapath, private "
+                           "instance) or --switch linuxbridge")
+    return requested, "requested"
+
+
+class MininetBackend(NamespaceBackend):
+    """Mininet hosts and switches, pinned to the plan's namespaces."""
+
+    name = "mininet"
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.state.extra.setdefault("mininet", {})
+
+    def switches(self) -> list[mininet_net.SwitchLayout]:
+        return [mininet_net.SwitchLayout(**sw) for sw in self.info.get("switches", [])]
+
+    def deploy(self, plan: Plan) -> None:
+        mininet = mininet_net.import_mininet()
+        self.check_names_free(plan.netns_names())
+        switches = mininet_net.layout(plan)
+        kind, why = resolve_switch(self.info.get("switch_requested", "auto"))
+        root_names = _root_names(switches)
+        with IPRoute() as root:
+            taken = [n for n in root_names if root.link_lookup(ifname=n)]
+        if taken:
+            raise BackendError(f"interface {taken[0]} already exists in the root namespace (a testbed named "
+                               f"{plan.testbed!r} left behind?); run 'testbed down {plan.testbed}' or pick another --name")
+        self.state.netns = plan.netns_names()
+        self.state.plan = plan.to_json()
+        self.info.update(switch=kind, switch_reason=why, version=mininet.net.VERSION,
+                         switches=[dataclasses.asdict(sw) for sw in switches], root_interfaces=root_names)
+        self.state.save()
+        net = None
+        try:
+            with self._ovs_environment(kind):
+                net = mininet_net.build_network(plan, switches, kind, on_node=self._record_shell)
+            for node in plan.nodes:
+                nsfs.attach(node.netns, net[node.name].pid)
+            for node in plan.nodes:
+                _configure_node(node)
+            _set_root_mtu([p for sw in switches for p in sw.ports.values()])
+            if kind == "linuxbridge":
+                _bridges_skip_netfilter([sw.name for sw in switches])
+            _stop_shells(net)
+        except BaseException:
+            if net is not None:
+                _stop_shells(net)
+            self.destroy()
+            raise
+        self.state.processes = [p for p in self.state.processes if p.role != SHELL_ROLE]
+        self.state.phase = "up"
+        self.state.save()
+
+    def destroy(self) -> None:
+        if self.info.get("switch") == "ovs":
+            env = {k: v for k, v in os.environ.items() if not k.startswith("OVS_")}
+            for sw in self.switches():
+                subprocess.run(["ovs-vsctl", "-t", "5", "--if-exists", "del-br", sw.name], capture_output=True, env=env)
+        self.remove_namespaces()
+        _delete_root_links(self.info.get("root_interfaces", []))
+        self.state.delete()
+
+    def fabric_ports(self) -> list[FabricPort]:
+        """Each host's eth0 and each switch port that delivers to a host (in the root namespace)."""
+        roles = {n["name"]: n["role"] for n in self.state.plan.get("nodes", [])}
+        ports = [FabricPort(name, "eth0", n["dc"]) for n in self.state.plan.get("nodes", [])
+                 if (name := n["name"]) and n["role"] == "host"]
+        for sw in self.switches():
+            ports += [FabricPort(None, port, sw.dc) for node, port in sw.ports.items() if roles[node] == "host"]
+        return ports
+
+    def ovs_env(self) -> dict[str, str]:
+        """OVS_* variables for tools that talk to this testbed's private Open vSwitch (none for the system's)."""
+        return ovs.private_env(self.state.files_dir / "ovs") if self.info.get("switch") == "ovs-user" else {}
+
+    @contextlib.contextmanager
+    def _ovs_environment(self, kind: str) -> Iterator[None]:
+        """Start the private userspace OVS (ovs-user) and point Mininet's ovs-vsctl calls at it while building."""
+        if kind != "ovs-user":
+            yield
+            return
+        ovs.start_private(self.state.files_dir / "ovs", self._record)
+        saved = {k: os.environ.get(k) for k in self.ovs_env()}
+        os.environ.update(self.ovs_env())
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def _record(self, record: ProcessRecord) -> None:
+        self.state.processes.append(record)
+        self.state.save()
+
+    def _record_shell(self, node: str, pid: int) -> None:
+        self._record(ProcessRecord(pid=pid, start_ticks=process_start_ticks(pid) or 0, role=SHELL_ROLE, node=node))
+
+
+def _root_names(switches: list[mininet_net.SwitchLayout]) -> list[str]:
+    return [p for sw in switches for p in sw.ports.values()] + [sw.name for sw in switches]
+
+
+def _configure_node(node: Node) -> None:
+    """The plan's sysctls, MTUs and routes, set through netlink in the node's pinned namespace."""
+    with nsfs.entered(node.netns):
+        for key, value in node.sysctls:
+            nsfs.write_sysctl(key, value)
+        ipr = IPRoute()
+    with ipr:
+        index = {link.get("IFLA_IFNAME"): link["index"] for link in ipr.get_links()}
+        for iface in node.interfaces:
+            if iface.name in index:
+                ipr.link("set", index=index[iface.name], mtu=iface.mtu, state="up")
+        for route in node.routes:
+            ipr.route("replace", dst=str(route.dst), gateway=str(route.gateway), oif=index[route.dev])
+
+
+def _set_root_mtu(ports: list[str]) -> None:
+    with IPRoute() as root:
+        for port in ports:
+            for index in root.link_lookup(ifname=port):
+                root.link("set", index=index, mtu=FABRIC_MTU)
+
+
+def _bridges_skip_netfilter(bridges: list[str]) -> None:
+    """Keep bridged testbed frames out of the root namespace's iptables (br_netfilter), for our bridges only."""
+    with IPRoute() as root:
+        for name in bridges:
+            root.link("set", index=root.link_lookup(ifname=name)[0], kind="bridge", br_nf_call_iptables=0,
+                      br_nf_call_ip6tables=0, br_nf_call_arptables=0)
+
+
+def _stop_shells(net: Any) -> None:
+    """End Mininet's node shells (the pins keep the namespaces); never `net.stop()`, which deletes the network."""
+    for node in net.hosts + net.switches:
+        with contextlib.suppress(Exception):
+            node.terminate()
+
+
+def _delete_root_links(names: list[str]) -> None:
+    """Remove this testbed's switch ports and bridges from the root namespace, by name."""
+    with IPRoute() as root:
+        for name in names:
+            for index in root.link_lookup(ifname=name):
+                with contextlib.suppress(NetlinkError):
+                    root.link("del", index=index)

@@ -1,0 +1,81 @@
+"""Open vSwitch for Mininet's switches: which datapath this machine has, and a private userspace instance.
+
+The kernel datapath needs the `openvswitch` module and the system's ovs-vswitchd. The userspace datapath
+(`netdev`) needs neither: each testbed that asks for it gets its own ovsdb-server and ovs-vswitchd, started
+with OVS_RUNDIR pointing into the testbed's state folder, recorded by PID and stopped by `down`. Nothing
+touches the system's OVS database.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from testbed.backends.base import BackendError
+from testbed.state import ProcessRecord, process_start_ticks
+
+SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
+SYSTEM_RUNDIR = Path("/var/run/openvswitch")
+START_TIMEOUT_S = 10.0
+
+
+def installed() -> bool:
+    return all(shutil.which(t) for t in ("ovs-vsctl", "ovsdb-server", "ovs-vswitchd", "ovsdb-tool"))
+
+
+def kernel_datapath() -> bool:
+    """The openvswitch kernel module is loaded (this tool never loads modules)."""
+    return Path("/sys/module/openvswitch").exists()
+
+
+def system_switch_running() -> bool:
+    """The system's ovsdb-server answers (what Mininet's kernel-datapath OVSSwitch talks to)."""
+    if not installed() or not (SYSTEM_RUNDIR / "db.sock").exists():
+        return False
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVS_")}
+    return subprocess.run(["ovs-vsctl", "-t", "2", "show"], capture_output=True, env=env).returncode == 0
+
+
+def private_env(rundir: Path) -> dict[str, str]:
+    """Environment that points every OVS tool (and Mininet's calls to them) at a private instance."""
+    return {"OVS_RUNDIR": str(rundir), "OVS_DBDIR": str(rundir), "OVS_LOGDIR": str(rundir),
+            "OVS_SYSCONFDIR": str(rundir)}
+
+
+def start_private(rundir: Path, record: Callable[[ProcessRecord], None]) -> None:
+    """Start ovsdb-server and ovs-vswitchd for the userspace datapath in `rundir`; `record(ProcessRecord)` each."""
+    if not installed():
+        raise BackendError("--switch ovs-user needs Open vSwitch's userspace tools (ovsdb-server, ovs-vswitchd): "
+                           "apt-get install openvswitch-switch (make install does)")
+    rundir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **private_env(rundir)}
+    db = rundir / "conf.db"
+    subprocess.run(["ovsdb-tool", "create", str(db), str(SCHEMA)], check=True, capture_output=True, env=env)
+    _spawn(["ovsdb-server", str(db), f"--remote=punix:{rundir / 'db.sock'}", "--log-file"], env, "ovsdb-server",
+           record)
+    _wait_for(rundir / "db.sock", "ovsdb-server", rundir)
+    subprocess.run(["ovs-vsctl", "--no-wait", "init"], check=True, capture_output=True, env=env)
+    _spawn(["ovs-vswitchd", "--log-file"], env, "ovs-vswitchd", record)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while subprocess.run(["ovs-appctl", "-t", "ovs-vswitchd", "version"], capture_output=True, env=env).returncode:
+        if time.monotonic() > deadline:
+            raise BackendError(f"ovs-vswitchd did not start within {START_TIMEOUT_S:g} s; see {rundir}/ovs-vswitchd.log")
+        time.sleep(0.05)
+
+
+def _spawn(argv: list[str], env: dict[str, str], role: str, record: Callable[[ProcessRecord], None]) -> None:
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    record(ProcessRecord(pid=proc.pid, start_ticks=process_start_ticks(proc.pid) or 0, role=role))
+
+
+def _wait_for(path: Path, what: str, rundir: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise BackendError(f"{what} did not start within {START_TIMEOUT_S:g} s; see {rundir}/{what}.log")
+        time.sleep(0.02)
