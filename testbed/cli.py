@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from testbed import lifecycle, table, units
 from testbed.backends import BACKENDS, BackendError
+from testbed.backends.mininet_net import SWITCH_KINDS
 from testbed.paths import DEFAULT_TOPOLOGY, resolve_topology
 from testbed.plan import Plan, build_plan
 from testbed.shaping.registry import CHOICES as SHAPER_CHOICES
@@ -27,8 +28,9 @@ def _print_plan(plan: Plan) -> None:
              units.format_size(s.bdp_bytes), s.rate_queue_packets, s.delay_queue_packets) for s in plan.shapes]
     print(table.render(["link", "direction", "delay", "rate", "jitter", "loss", "lossless", "mtu", "BDP(rtt)",
                         "rate q (pkts)", "delay q (pkts)"], rows, "\nOTN links (one row per direction)"))
-    rows = [(n.name, str(r.dst), str(r.gateway), r.dev) for n in plan.nodes if n.role == "router" for r in n.routes]
-    print(table.render(["router", "destination", "via", "dev"], rows, "\nRoutes (shortest one-way delay)"))
+    rows = [(n.name, str(r.dst), str(r.gateway), r.dev, str(r.src or "-")) for n in plan.nodes if n.role == "router"
+            for r in n.routes]
+    print(table.render(["router", "destination", "via", "dev", "src"], rows, "\nRoutes (shortest one-way delay)"))
     rows = [(src, dst, " > ".join(p)) for src, by in plan.paths.items() for dst, p in by.items() if src != dst]
     print(table.render(["from", "to", "path"], rows, "\nDC paths"))
     print(f"\nTCP buffers (tcp_rmem/tcp_wmem max on hosts): {units.format_size(plan.tcp_buffer_bytes)} "
@@ -47,11 +49,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    result = lifecycle.up(resolve_topology(args.topology), args.name, args.backend, args.shaper)
+    result = lifecycle.up(resolve_topology(args.topology), args.name, args.backend, args.shaper, args.switch)
     plan = result.plan
     print(f"testbed {plan.testbed} up: {len(plan.nodes)} namespaces ({len(plan.hosts)} hosts), "
           f"{len(plan.veths)} veth pairs, in {result.seconds:.2f} s ({args.backend} backend); "
           f"shaper {result.shaper} in {result.shaped_seconds:.2f} s")
+    mininet_info = lifecycle.open_backend(plan.testbed).state.extra.get("mininet")
+    if mininet_info:
+        print(f"Mininet {mininet_info['version']}: {mininet_info['switch']} switches "
+              f"{', '.join(sw['name'] for sw in mininet_info['switches'])} ({mininet_info['switch_reason']})")
     if result.shaper == "none":
         print("WARNING: --shaper none: OTN links carry NO delay and NO rate limit", file=sys.stderr)
     shaper_info = lifecycle.open_backend(plan.testbed).state.extra.get("shaper", {})
@@ -233,7 +239,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if statefile.exists(args.target):
         backend = lifecycle.open_backend(args.target)
     else:
-        result = lifecycle.up(resolve_topology(args.target), args.name, shaper=args.shaper)
+        result = lifecycle.up(resolve_topology(args.target), args.name, backend=args.backend, shaper=args.shaper,
+                              switch=args.switch)
         owned = result.plan.testbed
         backend = lifecycle.open_backend(owned)
         print(f"testbed {owned} up ({result.shaper}); it is removed after the run")
@@ -277,7 +284,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         budgets_stash=[int(x) for x in args.budgets.split(",")] if args.budgets else [],
         rates_mbit=[float(x) for x in args.rates.split(",")] if args.rates else [],
         microbatch_counts=[int(x) for x in args.microbatch_counts.split(",")] if args.microbatch_counts else [],
-        memory_budget=units.parse_size(args.memory_budget) if args.memory_budget else None, results=args.results)
+        memory_budget=units.parse_size(args.memory_budget) if args.memory_budget else None, results=args.results,
+        backend=args.backend, switch=args.switch)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
                   TimeElapsedColumn()) as progress:
         holder: dict[str, int] = {}
@@ -287,6 +295,16 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         exp_dir = experiment.run()
     print(terminal_summary(exp_dir))
     print(f"\nresults: {exp_dir} (report.md, report.html, *.png, summary.json, points.csv)")
+    return 0
+
+
+def cmd_cli(args: argparse.Namespace) -> int:
+    from testbed.backends.mininet_cli import run_cli
+
+    backend = lifecycle.open_backend(args.name)
+    if args.script and not os.path.exists(args.script):
+        raise BackendError(f"no CLI script at {args.script}")
+    run_cli(backend, script=args.script)
     return 0
 
 
@@ -342,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY)
     p.add_argument("--name", help="testbed name (default: the topology's name); lets several coexist")
     p.add_argument("--backend", default="netns", choices=sorted(BACKENDS))
+    p.add_argument("--switch", default="auto", choices=SWITCH_KINDS,
+                   help="mininet: DC switch (auto: OVS where its kernel datapath runs, else Linux bridge; "
+                        "ovs-user: private userspace OVS)")
     p.add_argument("--shaper", default="auto", choices=SHAPER_CHOICES,
                    help="link emulation: auto (netem if the kernel has it, else delayline), or none (no delay!)")
     p.add_argument("--verify", default="quick", choices=["quick", "full", "skip"],
@@ -402,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="results")
     p.add_argument("--name", help="name for a testbed brought up for this run")
     p.add_argument("--shaper", default="auto", choices=SHAPER_CHOICES)
+    p.add_argument("--backend", default="netns", choices=sorted(BACKENDS), help="for a testbed brought up here")
+    p.add_argument("--switch", default="auto", choices=SWITCH_KINDS, help="mininet: DC switch")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("experiment", help="the GeoPipe experiment: distance sweep, repetitions, budget sweep, report")
@@ -416,7 +439,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, default=64)
     p.add_argument("--iterations", type=int, default=4, help="timed iterations per run (after one warm-up)")
     p.add_argument("--results", default="results")
+    p.add_argument("--backend", default="netns", choices=sorted(BACKENDS))
+    p.add_argument("--switch", default="auto", choices=SWITCH_KINDS, help="mininet: DC switch")
     p.set_defaults(func=cmd_experiment)
+
+    p = sub.add_parser("cli", help="Mininet's CLI on a running testbed (either backend)")
+    p.add_argument("name", nargs="?", help="testbed (default: the only one up)")
+    p.add_argument("--script", help="run these CLI commands and leave (Mininet's `source`)")
+    p.set_defaults(func=cmd_cli)
 
     p = sub.add_parser("report", help="re-render an experiment's plots and report from its summary.json")
     p.add_argument("run", help="results/<id> or a part of the id")
@@ -445,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if tail is not None:
         args.command = tail
-    needs_root = args.cmd in ("up", "down", "exec", "verify", "link", "run", "experiment")
+    needs_root = args.cmd in ("up", "down", "exec", "verify", "link", "run", "experiment", "cli")
     try:
         if needs_root and os.geteuid() != 0:
             raise BackendError(f"'testbed {args.cmd}' needs root (network namespaces); run it with sudo")

@@ -51,6 +51,9 @@ class ExperimentSpec:
     memory_budget: int | None = None
     model: dict[str, Any] = field(default_factory=dict)
     results: str = "results"
+    backend: str = "netns"
+    switch: str = "auto"
+    """Mininet's DC switch (backend mininet only)."""
 
 
 @dataclass(slots=True)
@@ -100,7 +103,7 @@ class Experiment:
         shutil.copy(topo_path, self.dir / "topology.yaml")
         name = f"exp{int(time.time()) % 100000}"
         self.log(f"bringing up {topo_path.name} as {name} ...")
-        lifecycle.up(topo_path, name)
+        lifecycle.up(topo_path, name, backend=s.backend, switch=s.switch)
         try:
             backend = lifecycle.open_backend(name)
             self._verify(backend)
@@ -222,6 +225,7 @@ class Experiment:
         from testbed import plots, report
 
         env = {"kernel": platform.release(), "python": platform.python_version(), "machine": platform.machine(),
+               "backend": backend.name, "mininet": backend.state.extra.get("mininet"),
                "shaper": backend.state.extra.get("shaper", {}).get("name"),
                "shaper_calibration_s": backend.state.extra.get("shaper", {}).get("calibration_s"),
                "transport": "gloo-tcp", "versions": _versions(), "cpus": __import__("os").cpu_count(),

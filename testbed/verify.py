@@ -73,6 +73,9 @@ def check_routes(plan: dict) -> list[Check]:
                 dev = ipr.get_links(oif)[0].get("IFLA_IFNAME") if oif else None
                 expected = f"via {route['gateway']} dev {route['dev']}"
                 measured = f"via {gateway} dev {dev}"
+                if route.get("src"):
+                    expected += f" src {route['src']}"
+                    measured += f" src {got[0].get('RTA_PREFSRC') if got else None}"
                 checks.append(Check("route", f"{node['name']} -> {route['dst']}", expected, measured,
                                     expected == measured))
     return checks

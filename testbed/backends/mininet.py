@@ -160,7 +160,8 @@ def _configure_node(node: Node) -> None:
             if iface.name in index:
                 ipr.link("set", index=index[iface.name], mtu=iface.mtu, state="up")
         for route in node.routes:
-            ipr.route("replace", dst=str(route.dst), gateway=str(route.gateway), oif=index[route.dev])
+            ipr.route("replace", dst=str(route.dst), gateway=str(route.gateway), oif=index[route.dev],
+                      **({"prefsrc": str(route.src)} if route.src else {}))
 
 
 def _set_root_mtu(ports: list[str]) -> None:

@@ -96,4 +96,5 @@ def _configure_node(ipr: IPRoute, node: Node, bridge: int | None) -> None:
             ipr.addr("add", index=index[iface.name], address=str(iface.address.ip),
                      prefixlen=iface.address.network.prefixlen)
     for route in node.routes:
-        ipr.route("add", dst=str(route.dst), gateway=str(route.gateway), oif=index[route.dev])
+        ipr.route("add", dst=str(route.dst), gateway=str(route.gateway), oif=index[route.dev],
+                  **({"prefsrc": str(route.src)} if route.src else {}))

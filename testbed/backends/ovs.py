@@ -55,15 +55,16 @@ def start_private(rundir: Path, record: Callable[[ProcessRecord], None]) -> None
     env = {**os.environ, **private_env(rundir)}
     db = rundir / "conf.db"
     subprocess.run(["ovsdb-tool", "create", str(db), str(SCHEMA)], check=True, capture_output=True, env=env)
-    _spawn(["ovsdb-server", str(db), f"--remote=punix:{rundir / 'db.sock'}", "--log-file"], env, "ovsdb-server",
+    _spawn(["ovsdb-server", str(db), f"--remote=punix:{rundir / 'db.sock'}", "--pidfile", "--log-file"], env, "ovsdb-server",
            record)
     _wait_for(rundir / "db.sock", "ovsdb-server", rundir)
     subprocess.run(["ovs-vsctl", "--no-wait", "init"], check=True, capture_output=True, env=env)
-    _spawn(["ovs-vswitchd", "--log-file"], env, "ovs-vswitchd", record)
+    _spawn(["ovs-vswitchd", "--pidfile", "--log-file"], env, "ovs-vswitchd", record)
     deadline = time.monotonic() + START_TIMEOUT_S
     while subprocess.run(["ovs-appctl", "-t", "ovs-vswitchd", "version"], capture_output=True, env=env).returncode:
         if time.monotonic() > deadline:
-            raise BackendError(f"ovs-vswitchd did not start within {START_TIMEOUT_S:g} s; see {rundir}/ovs-vswitchd.log")
+            raise BackendError(f"ovs-vswitchd did not start within {START_TIMEOUT_S:g} s: "
+                               + _log_tail(rundir / "ovs-vswitchd.log"))
         time.sleep(0.05)
 
 
@@ -77,5 +78,13 @@ def _wait_for(path: Path, what: str, rundir: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while not path.exists():
         if time.monotonic() > deadline:
-            raise BackendError(f"{what} did not start within {START_TIMEOUT_S:g} s; see {rundir}/{what}.log")
+            raise BackendError(f"{what} did not start within {START_TIMEOUT_S:g} s: " + _log_tail(rundir / f"{what}.log"))
         time.sleep(0.02)
+
+
+def _log_tail(log: Path, lines: int = 3) -> str:
+    """The end of a daemon's log, for an error message (the log goes with the testbed's folder)."""
+    try:
+        return " | ".join(log.read_text().strip().splitlines()[-lines:]) or f"{log} is empty"
+    except OSError:
+        return f"no log at {log}"

@@ -82,7 +82,7 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
         interfaces += [Interface(p, None, FABRIC_MTU) for p in ports]
         for link in topology.links_of(dc.name):
             interfaces.append(Interface(otn_ifname(link.index), otn_addr[(link.index, dc.name)], link.mtu))
-        routes = _router_routes(topology, dc.name, paths[dc.name], otn_addr)
+        routes = _router_routes(topology, dc.name, paths[dc.name], otn_addr, gateway)
         nodes.append(Node(name=rtr, dc=dc.name, role="router", netns=netns_name(name, rtr),
                           interfaces=tuple(interfaces), routes=routes, sysctls=COMMON_SYSCTLS + ROUTER_SYSCTLS,
                           bridge=BRIDGE_IFNAME, bridge_ports=ports))
@@ -146,14 +146,16 @@ def _otn_addresses(topology: Topology) -> dict[tuple[int, str], ipaddress.IPv4In
 
 
 def _router_routes(topology: Topology, dc: str, paths: dict[str, list[str]],
-                   otn_addr: dict[tuple[int, str], ipaddress.IPv4Interface]) -> tuple[Route, ...]:
+                   otn_addr: dict[tuple[int, str], ipaddress.IPv4Interface],
+                   src: ipaddress.IPv4Address) -> tuple[Route, ...]:
     routes = []
     for dst_index, dst in enumerate(topology.datacenters):
         if dst.name == dc:
             continue
         nxt = paths[dst.name][1]
         link = next(lk for lk in topology.links_of(dc) if lk.other(dc) == nxt)
-        routes.append(Route(dc_subnet(topology, dst_index), otn_addr[(link.index, nxt)].ip, otn_ifname(link.index)))
+        routes.append(Route(dc_subnet(topology, dst_index), otn_addr[(link.index, nxt)].ip, otn_ifname(link.index),
+                            src))
     return tuple(routes)
 
 

@@ -21,11 +21,13 @@ class Interface:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A static route: `dst via gateway dev`."""
+    """A static route: `dst via gateway dev [src]`."""
 
     dst: ipaddress.IPv4Network
     gateway: ipaddress.IPv4Address
     dev: str
+    src: ipaddress.IPv4Address | None = None
+    """Preferred source: a router's DC address, so traffic it originates has a routed source (not a /30)."""
 
 
 @dataclass(frozen=True, slots=True)

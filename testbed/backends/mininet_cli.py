@@ -1,0 +1,132 @@
+"""Mininet's CLI on a running testbed: Mininet node, switch and link objects re-attached to what exists.
+
+Nothing is created or deleted: each node's shell is started inside its pinned namespace, interfaces and links
+are wrapped as they are, and leaving the CLI only ends those shells. Works on both backends (on netns the
+DC bridge is inside the router, so there are no switch objects).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import string
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+from testbed.backends import mininet_net, nsfs
+from testbed.backends.base import Backend
+
+
+def _classes() -> dict[str, type]:
+    """Mininet classes adapted to attach instead of create (built lazily: Mininet is imported on demand)."""
+    mininet_net.import_mininet()
+    from mininet.cli import CLI
+    from mininet.link import Link
+    from mininet.node import Host
+    from mininet.node import Node as MininetNode
+
+    class Pinned:
+        """A node whose shell joins a pinned namespace instead of making a new one."""
+
+        def startShell(self, mnopts: str | None = None) -> None:  # noqa: N802 (Mininet's name)
+            self.inNamespace = False         # mnexec must not unshare: the shell enters the pinned namespace
+            try:
+                super().startShell(mnopts)   # type: ignore[misc]
+            finally:
+                self.inNamespace = True
+
+        def _popen(self, cmd: list[str], **params: Any) -> subprocess.Popen[Any]:
+            path = self.params["netns_path"]   # type: ignore[attr-defined]
+            return subprocess.Popen(cmd, preexec_fn=lambda: nsfs.enter_in_child(path), **params)  # noqa: PLW1509
+
+    class PinnedHost(Pinned, Host):
+        """A testbed host."""
+
+    class PinnedRouter(Pinned, MininetNode):
+        """A testbed DC router."""
+
+    class ExistingLink(Link):
+        """A link whose veth pair already exists."""
+
+        @staticmethod
+        def makeIntfPair(*_args: Any, **_kwargs: Any) -> None:  # noqa: N802 (Mininet's name)
+            return None
+
+    class TestbedCLI(CLI):
+        """Mininet's CLI; node names may contain '-' (dc-a-h1)."""
+
+        identchars = string.ascii_letters + string.digits + "_-"
+
+    return {"host": PinnedHost, "router": PinnedRouter, "link": ExistingLink, "cli": TestbedCLI}
+
+
+@contextlib.contextmanager
+def attached(backend: Backend) -> Iterator[Any]:
+    """A Mininet object for the running testbed; its shells end when the block does."""
+    mininet = mininet_net.import_mininet()
+    from mininet.link import Intf
+    from mininet.log import setLogLevel
+
+    setLogLevel("error")      # Mininet's bridge-netfilter warnings do not apply: our bridges have nf_call off
+    cls = _classes()
+    plan = backend.state.plan
+    info = backend.state.extra.get("mininet", {})
+    saved_env = dict(os.environ)
+    os.environ.update(getattr(backend, "ovs_env", dict)())
+    net = mininet.net.Mininet(topo=None, controller=None, build=False, autoSetMacs=False, waitConnected=False)
+    try:
+        for node in plan["nodes"]:
+            net.addHost(node["name"], cls=cls["router"] if node["role"] == "router" else cls["host"], ip=None,
+                        netns_path=backend.netns_path(node["name"]))
+        addresses = {(n["name"], i["name"]): i["address"] for n in plan["nodes"] for i in n["interfaces"]}
+        if not info.get("switches"):     # netns: the DC bridge is the router's own interface, its default one
+            for node in (n for n in plan["nodes"] if n["role"] == "router"):
+                bridge = Intf(node["bridge"], node=net[node["name"]], moveIntfFn=lambda *_a: None)
+                _set_address(bridge, addresses[(node["name"], node["bridge"])])
+        for a, a_if, b, b_if in _links(plan, info):
+            if b not in net:
+                switch_cls, params = mininet_net.switch_class(info["switch"])
+                sw = next(s for s in info["switches"] if s["name"] == b)
+                net.addSwitch(b, cls=switch_cls, dpid=sw["dpid"], **params)
+            link = net.addLink(a, b, cls=cls["link"], intfName1=a_if, intfName2=b_if)
+            for intf, node_name, ifname in ((link.intf1, a, a_if), (link.intf2, b, b_if)):
+                if addresses.get((node_name, ifname)):
+                    _set_address(intf, addresses[(node_name, ifname)])
+        net.built = True
+        setLogLevel("output")
+        yield net
+    finally:
+        for node in net.hosts + net.switches:
+            with contextlib.suppress(Exception):
+                node.terminate()
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def _set_address(intf: Any, address: str) -> None:
+    """Tell Mininet's Intf the address it already has (no ifconfig)."""
+    intf.ip, intf.prefixLen = address.split("/")[0], int(address.split("/")[1])
+
+
+def run_cli(backend: Backend, script: str | None = None) -> None:
+    """Open Mininet's CLI (or run a script of CLI commands) on the testbed."""
+    with attached(backend) as net:
+        cls = _classes()["cli"]
+        cls(net, script=script)
+
+
+def _links(plan: dict[str, Any], info: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(node, ifname, peer, peer ifname) of every link: fabric links (to a switch or the router), then OTN."""
+    links = []
+    if info.get("switches"):
+        nodes = {n["name"]: n for n in plan["nodes"]}
+        for sw in info["switches"]:
+            for node, port in sw["ports"].items():
+                links.append((node, nodes[node]["bridge"] if nodes[node]["role"] == "router" else "eth0",
+                              sw["name"], port))
+    else:
+        links += [(v["a_node"], v["a_ifname"], v["b_node"], v["b_ifname"]) for v in plan["veths"]
+                  if v["kind"] == "fabric"]
+    links += [(v["a_node"], v["a_ifname"], v["b_node"], v["b_ifname"]) for v in plan["veths"] if v["kind"] == "otn"]
+    return links
