@@ -116,6 +116,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         rows = [(n["name"], n["dc"], n["role"], n["netns"], " ".join(n["addresses"]),
                  "yes" if n["present"] else "GONE") for n in rec["nodes"]]
         print(table.render(["node", "dc", "role", "netns", "addresses", "present"], rows))
+        if rec.get("switches"):
+            rows = [(sw["name"], sw["dc"], sw["kind"], " ".join(sw["ports"].values()), "yes" if sw["present"] else "GONE")
+                    for sw in rec["switches"]]
+            print(table.render(["switch", "dc", "kind", "ports", "present"], rows, "\nMininet switches (root namespace)"))
         native = rec["shaper"].get("native_path", [])
         rows = [(lk["link"], f"{lk['from']} -> {lk['to']}", units.format_time(lk["delay_s"]),
                  units.format_rate(lk["rate_bps"]),

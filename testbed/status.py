@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pyroute2 import IPRoute
+
 from testbed.backends import nsfs
 from testbed.state import TestbedState
+
+SWITCH_DAEMONS = ("ovsdb-server", "ovs-vswitchd")
 
 
 def describe(state: TestbedState) -> dict[str, Any]:
@@ -19,10 +23,28 @@ def describe(state: TestbedState) -> dict[str, Any]:
               "rate_bps": s["rate_bps"], "jitter_s": s["jitter_s"], "loss": s["loss"], "lossless": s["lossless"]}
              for s in plan.get("shapes", [])]
     missing = [n["name"] for n in nodes if not n["present"]]
+    switches = _switches(state)
+    missing_switches = [sw["name"] for sw in switches if not sw["present"]]
+    dead = [p.role for p in state.processes if p.role in SWITCH_DAEMONS and not p.alive()]
     health = "ok"
     if state.phase != "up":
         health = f"{state.phase}" + ("" if state.owner_alive() else " (creator died: run 'testbed down')")
     elif missing:
         health = f"degraded: {len(missing)} namespace(s) gone ({', '.join(missing[:3])})"
-    return {"name": state.name, "backend": state.backend, "topology": state.topology_source, "phase": state.phase,
-            "health": health, "nodes": nodes, "links": links}
+    elif missing_switches or dead:
+        health = "degraded: " + "; ".join([f"switch {n} gone" for n in missing_switches] + [f"{d} is dead" for d in dead])
+    record = {"name": state.name, "backend": state.backend, "topology": state.topology_source, "phase": state.phase,
+              "health": health, "nodes": nodes, "links": links}
+    if switches:
+        record["switches"] = switches
+    return record
+
+
+def _switches(state: TestbedState) -> list[dict[str, Any]]:
+    """Mininet's DC switches (root namespace) and whether the kernel still has them."""
+    info = state.extra.get("mininet", {})
+    if not info.get("switches"):
+        return []
+    with IPRoute() as root:
+        return [{"name": sw["name"], "dc": sw["dc"], "kind": info["switch"], "ports": sw["ports"],
+                 "present": bool(root.link_lookup(ifname=sw["name"]))} for sw in info["switches"]]

@@ -50,6 +50,10 @@ def netns_with_prefix(prefix: str) -> list[str]:
         return []
 
 
+BACKEND_PARAMS = ["netns", pytest.param("mininet", marks=pytest.mark.mininet)]
+"""Parametrize a root-tier test over both backends (the Mininet case skips only where Mininet is absent)."""
+
+
 @pytest.fixture
 def unique_name(request: pytest.FixtureRequest) -> Iterator[str]:
     """A testbed name unique to this test; anything left under it is removed afterwards and fails the test."""

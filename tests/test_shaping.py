@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import BACKEND_PARAMS, REPO, run_cli
 
 from testbed import lifecycle
 from testbed.linkcheck import check_delays, check_drops, check_throughput
@@ -27,9 +27,10 @@ pytestmark = pytest.mark.root
 TOPO = str(REPO / "tests" / "fixtures" / "topologies" / "2dc-shaping.yaml")
 
 
-@pytest.fixture
-def shaped(unique_name: str):
-    run_cli("up", TOPO, "--name", unique_name, "--shaper", "delayline", "--verify", "skip")
+@pytest.fixture(params=BACKEND_PARAMS)
+def shaped(unique_name: str, request: pytest.FixtureRequest):
+    """The same shaping checks on each backend: the shapers only see namespaces, never the backend."""
+    run_cli("up", TOPO, "--name", unique_name, "--shaper", "delayline", "--verify", "skip", "--backend", request.param)
     try:
         yield lifecycle.open_backend(unique_name)
     finally:

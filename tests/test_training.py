@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import REPO, netns_with_prefix, run_cli  # noqa: E402
+from conftest import BACKEND_PARAMS, REPO, netns_with_prefix, run_cli  # noqa: E402
 
 from workloads import schedule as S  # noqa: E402
 from workloads.data import batches  # noqa: E402
@@ -94,8 +94,9 @@ def test_loss_goes_down_over_a_short_training_run() -> None:
 
 
 @pytest.mark.root
-def test_training_across_namespaces_writes_summary(unique_name: str, tmp_path: Path) -> None:
-    run_cli("up", "2dc-1000km", "--name", unique_name, "--verify", "skip", timeout=300)
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_training_across_namespaces_writes_summary(backend: str, unique_name: str, tmp_path: Path) -> None:
+    run_cli("up", "2dc-1000km", "--name", unique_name, "--verify", "skip", "--backend", backend, timeout=300)
     try:
         out = run_cli("run", unique_name, "--schedule", "1f1b,geopipe", "--microbatches", "8", "--iterations", "2",
                       "--layers", "2", "--width", "64", "--results", str(tmp_path), timeout=600)
@@ -103,6 +104,7 @@ def test_training_across_namespaces_writes_summary(unique_name: str, tmp_path: P
         run_cli("down", unique_name)
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
     assert summary["topology"] == "2dc-1000km" and summary["shaper"] in ("delayline", "netem")
+    assert summary["backend"] == backend
     assert summary["transport"] == "gloo-tcp" and summary["kernel"] and summary["lossless_ok"]
     assert [s["schedule"] for s in summary["schedules"]] == ["1f1b", "geopipe"]
     for s in summary["schedules"]:

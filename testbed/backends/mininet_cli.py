@@ -11,6 +11,7 @@ import contextlib
 import os
 import string
 import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -66,7 +67,7 @@ def attached(backend: Backend) -> Iterator[Any]:
     """A Mininet object for the running testbed; its shells end when the block does."""
     mininet = mininet_net.import_mininet()
     from mininet.link import Intf
-    from mininet.log import setLogLevel
+    from mininet.log import lg, setLogLevel
 
     setLogLevel("error")      # Mininet's bridge-netfilter warnings do not apply: our bridges have nf_call off
     cls = _classes()
@@ -95,6 +96,8 @@ def attached(backend: Backend) -> Iterator[Any]:
                     _set_address(intf, addresses[(node_name, ifname)])
         net.built = True
         setLogLevel("output")
+        for handler in lg.handlers:      # CLI output (node commands, pingall) goes to stdout, pipeable
+            handler.setStream(sys.stdout)
         yield net
     finally:
         for node in net.hosts + net.switches:
