@@ -8,11 +8,12 @@ PY := $(VENV)/bin/python
 TESTBED := $(VENV)/bin/testbed
 TOPO ?= 2dc-1000km
 NAME ?=
-APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet python3-venv python3-dev \
-	qemu-system-x86 linux-image-amd64 busybox-static
+BACKEND ?= netns
+APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openvswitch-switch net-tools python3-venv \
+	python3-dev qemu-system-x86 linux-image-amd64 busybox-static
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install apt test test-host test-unit vm-test lint up down status plan doctor bench-up bench-links bench-pipeline clean
+.PHONY: demo install apt test test-host test-unit vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends cli clean
 
 install: $(STAMP)
 
@@ -56,13 +57,17 @@ plan: install
 	$(TESTBED) plan $(TOPO)
 
 up: install
-	$(TESTBED) up $(TOPO) $(if $(NAME),--name $(NAME))
+	$(TESTBED) up $(TOPO) --backend $(BACKEND) $(if $(NAME),--name $(NAME))
 
 down: install
 	$(TESTBED) down $(NAME)
 
 status: install
 	$(TESTBED) status $(NAME)
+
+# Mininet's CLI on the running testbed (either backend).
+cli: install
+	$(TESTBED) cli $(NAME)
 
 doctor: install
 	$(TESTBED) doctor
@@ -72,6 +77,10 @@ bench-up: install
 
 bench-pipeline: install
 	$(PY) bench/pipeline.py
+
+# netns vs Mininet side by side: bring-up times and bubble ratios of the demo's workload.
+bench-backends: install
+	$(PY) bench/backends.py --reps 3
 
 bench-links: install
 	$(PY) bench/links.py $(if $(shell $(TESTBED) vm --check >/dev/null 2>&1 && echo y),--netem-vm)

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from testbed import lifecycle, table  # noqa: E402
 from testbed.paths import resolve_topology  # noqa: E402
@@ -37,18 +36,19 @@ def time_netns(topology: Path, name: str) -> tuple[float, float, int]:
 
 
 def time_mininet(topology: Path, name: str) -> tuple[float, float, int]:
-    import mininet_build
-    from mininet.log import setLogLevel
-    setLogLevel("error")
+    """Mininet as its users script it: the same plan through Mininet's API, routes with `ip route` per node."""
+    from testbed.backends.mininet_net import build_network, layout
+
     plan = build_plan(load_topology(topology), name)
     started = time.perf_counter()
-    net = mininet_build.build(plan)
-    net.build()
-    net.start()
-    mininet_build.add_routes(net, plan)
+    net = build_network(plan, layout(plan), "linuxbridge")
+    for node in plan.nodes:
+        net[node.name].cmd(" ; ".join(f"sysctl -qw {key}='{value}'" for key, value in node.sysctls))
+        for route in node.routes:
+            net[node.name].cmd(f"ip route add {route.dst} via {route.gateway} dev {route.dev}")
     up_s = time.perf_counter() - started
     try:
-        hosts = [net.get(net.tb_names[h.name]) for h in plan.hosts]
+        hosts = [net[h.name] for h in plan.hosts]
         probes = [(a, b) for a in hosts[:: max(1, len(hosts) // 4)] for b in hosts if a is not b]
         for a, b in probes:
             out = a.cmd(f"ping -c1 -W1 {b.IP()}")
@@ -74,7 +74,7 @@ def main() -> int:
     rows, netns_up, mn_up, netns_down, mn_down = [], [], [], [], []
     for rep in range(args.reps):
         up_a, down_a, pairs_a = time_netns(topology, f"bench{os.getpid()}")
-        up_b, down_b, pairs_b = time_mininet(topology, "mn")
+        up_b, down_b, pairs_b = time_mininet(topology, f"mn{os.getpid()}")
         netns_up.append(up_a), netns_down.append(down_a), mn_up.append(up_b), mn_down.append(down_b)
         rows.append((rep + 1, f"{up_a:.3f}", f"{down_a:.3f}", f"{up_b:.3f}", f"{down_b:.3f}",
                      f"{up_a / up_b:.3f}", f"{pairs_a} / {pairs_b}"))

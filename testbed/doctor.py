@@ -133,6 +133,7 @@ def _machine_probes() -> list[Probe]:
     mininet = importlib.util.find_spec("mininet") is not None
     probes.append(Probe("mininet", mininet, "Debian's mininet importable" if mininet else
                         "not importable: apt-get install mininet, and a venv with --system-site-packages"))
+    probes.append(_binary_probe("mnexec", "mininet"))
     probes.append(_binary_probe("brctl", "bridge-utils"))
     probes.append(_binary_probe("iperf3", "iperf3"))
     probes.append(_binary_probe("qemu-system-x86_64", "qemu-system-x86"))
@@ -175,6 +176,14 @@ def decide(probes: dict[str, Probe]) -> Decision:
     transport = "gloo-tcp" if probes["torch"].ok else "none"
     reasons.append("transport gloo-tcp: torch installed" if probes["torch"].ok
                    else "no transport: torch is not installed (make install)")
+    if probes["mininet"].ok and probes["mnexec"].ok:
+        from testbed.backends.mininet import resolve_switch
+
+        switch, why = resolve_switch("auto")
+        reasons.append(f"backend mininet available (--backend mininet): switch {switch}: {why}")
+    else:
+        reasons.append("backend mininet unavailable: " + (probes["mininet"].detail if not probes["mininet"].ok
+                                                          else probes["mnexec"].detail))
     rdma = "rxe" if probes["rdma_rxe"].ok else "unavailable"
     if rdma == "unavailable":
         reasons.append("rdma unavailable: " + probes["rdma_rxe"].detail)

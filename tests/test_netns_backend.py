@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, netns_with_prefix, run_cli
+from conftest import BACKEND_PARAMS, REPO, netns_with_prefix, run_cli
 from pyroute2 import IPRoute
 
 from testbed.backends import nsfs
@@ -111,8 +111,9 @@ def test_up_twice_refused_and_exec_exit_code(unique_name: str) -> None:
         run_cli("down", unique_name)
 
 
-def test_down_kills_processes_left_in_namespaces(unique_name: str) -> None:
-    run_cli("up", "2dc-1000km", "--name", unique_name, "--no-verify")
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_down_kills_processes_left_in_namespaces(backend: str, unique_name: str) -> None:
+    run_cli("up", "2dc-1000km", "--name", unique_name, "--no-verify", "--backend", backend)
     sleeper = subprocess.Popen(["ip", "netns", "exec", f"tb-{unique_name}-dc-b-h1", "sleep", "600"])
     try:
         time.sleep(0.3)

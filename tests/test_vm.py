@@ -50,6 +50,33 @@ def test_shaper_passes_verification_under_stock_kernel(shaper: str, unique_name:
     assert netns_with_prefix(f"tb-{unique_name}-") == []
 
 
+@pytest.mark.mininet
+def test_mininet_backend_on_the_ovs_kernel_datapath(unique_name: str) -> None:
+    """Where the openvswitch module exists, `--switch auto` is OVS on the kernel datapath (a private
+    ovs-vswitchd here: the guest runs no system one); verify passes and `down` leaves no datapath behind."""
+    assert _module_loaded("openvswitch"), "the guest must have loaded openvswitch"
+    before = _root_links()
+    run_cli("up", TOPO, "--name", unique_name, "--backend", "mininet", "--verify", "skip", timeout=600)
+    try:
+        backend = lifecycle.open_backend(unique_name)
+        info = backend.state.extra["mininet"]
+        assert info["switch"] == "ovs" and info["ovs_private"]
+        datapaths = subprocess.run(["ovs-dpctl", "show"], capture_output=True, text=True, check=True).stdout
+        for sw in info["switches"]:
+            assert all(port in datapaths for port in sw["ports"].values()), datapaths
+        report = verify_testbed(backend, level="quick", probes=20)
+        assert report.ok, [c for c in report.checks if not c.ok]
+    finally:
+        run_cli("down", unique_name)
+    assert netns_with_prefix(f"tb-{unique_name}-") == []
+    assert _root_links() == before, _root_links() ^ before
+
+
+def _root_links() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
+
+
 def test_soft_roce_device_can_be_created() -> None:
     """rdma_rxe exists in the stock kernel: an rxe device binds to a NIC in init_net (FINDINGS.md)."""
     if not _module_loaded("rdma_rxe"):

@@ -31,20 +31,26 @@ SHELL_ROLE = "mininet-shell"
 
 
 def resolve_switch(requested: str) -> tuple[str, str]:
-    """The switch kind to use and why: `auto` takes OVS where its kernel datapath runs, else LinuxBridge."""
+    """The switch kind to use and why: `auto` takes OVS where its kernel datapath exists, else a Linux bridge."""
     if requested not in mininet_net.SWITCH_KINDS:
         raise BackendError(f"unknown switch {requested!r}; choose one of: {', '.join(mininet_net.SWITCH_KINDS)}")
-    kernel, running = ovs.kernel_datapath(), ovs.system_switch_running()
+    kernel = ovs.kernel_datapath() and ovs.installed()
     if requested == "auto":
-        if kernel and running:
-            return "ovs", "Open vSwitch kernel datapath available and ovs-vswitchd running"
-        why = "no openvswitch kernel module" if not kernel else "the system's ovs-vswitchd is not running"
+        if kernel:
+            return "ovs", "Open vSwitch kernel datapath available"
+        why = "no openvswitch kernel module" if not ovs.kernel_datapath() else "Open vSwitch is not installed"
         return "linuxbridge", f"{why}: Linux bridge (OVS userspace: --switch ovs-user)"
-    if requested == "ovs" and not (kernel and running):
-        missing = "the openvswitch kernel module" if not kernel else "a running ovs-vswitchd (service openvswitch-switch start)"
+    if requested == "ovs" and not kernel:
+        missing = "the openvswitch kernel module" if not ovs.kernel_datapath() else "Open vSwitch (openvswitch-switch)"
         raise BackendError(f"--switch ovs needs {missing}; use --switch ovs-user (userspace datapath, private "
                            "instance) or --switch linuxbridge")
     return requested, "requested"
+
+
+def private_ovs(kind: str) -> bool:
+    """Does this switch kind get its own ovsdb-server/ovs-vswitchd? Userspace always; the kernel datapath when
+    the system's ovs-vswitchd is not running (two daemons must not share the kernel's datapath)."""
+    return kind == "ovs-user" or (kind == "ovs" and not ovs.system_switch_running())
 
 
 class MininetBackend(NamespaceBackend):
@@ -72,7 +78,7 @@ class MininetBackend(NamespaceBackend):
                                f"{plan.testbed!r} left behind?); run 'testbed down {plan.testbed}' or pick another --name")
         self.state.netns = plan.netns_names()
         self.state.plan = plan.to_json()
-        self.info.update(switch=kind, switch_reason=why, version=mininet.net.VERSION,
+        self.info.update(switch=kind, switch_reason=why, version=mininet.net.VERSION, ovs_private=private_ovs(kind),
                          switches=[dataclasses.asdict(sw) for sw in switches], root_interfaces=root_names)
         self.state.save()
         net = None
@@ -97,7 +103,9 @@ class MininetBackend(NamespaceBackend):
         self.state.save()
 
     def destroy(self) -> None:
-        if self.info.get("switch") == "ovs":
+        if self.info.get("ovs_private"):
+            ovs.stop_private(self.state.files_dir / "ovs")
+        elif self.info.get("switch") == "ovs":
             env = {k: v for k, v in os.environ.items() if not k.startswith("OVS_")}
             for sw in self.switches():
                 subprocess.run(["ovs-vsctl", "-t", "5", "--if-exists", "del-br", sw.name], capture_output=True, env=env)
@@ -116,12 +124,12 @@ class MininetBackend(NamespaceBackend):
 
     def ovs_env(self) -> dict[str, str]:
         """OVS_* variables for tools that talk to this testbed's private Open vSwitch (none for the system's)."""
-        return ovs.private_env(self.state.files_dir / "ovs") if self.info.get("switch") == "ovs-user" else {}
+        return ovs.private_env(self.state.files_dir / "ovs") if self.info.get("ovs_private") else {}
 
     @contextlib.contextmanager
     def _ovs_environment(self, kind: str) -> Iterator[None]:
-        """Start the private userspace OVS (ovs-user) and point Mininet's ovs-vsctl calls at it while building."""
-        if kind != "ovs-user":
+        """Start a private OVS if this kind needs one and point Mininet's ovs-vsctl calls at it while building."""
+        if not self.info.get("ovs_private"):
             yield
             return
         ovs.start_private(self.state.files_dir / "ovs", self._record)

@@ -1,9 +1,10 @@
 """Open vSwitch for Mininet's switches: which datapath this machine has, and a private userspace instance.
 
-The kernel datapath needs the `openvswitch` module and the system's ovs-vswitchd. The userspace datapath
-(`netdev`) needs neither: each testbed that asks for it gets its own ovsdb-server and ovs-vswitchd, started
-with OVS_RUNDIR pointing into the testbed's state folder, recorded by PID and stopped by `down`. Nothing
-touches the system's OVS database.
+The kernel datapath needs the `openvswitch` module; it uses the system's ovs-vswitchd when that runs. The
+userspace datapath (`netdev`) needs no module. Where no system daemon serves, a testbed gets its own
+ovsdb-server and ovs-vswitchd, started with OVS_RUNDIR pointing into the testbed's state folder, recorded by
+PID and stopped by `down`. The system's OVS database is only touched to add and delete this testbed's
+bridges, by name, when the system's daemon is the one in use.
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ def start_private(rundir: Path, record: Callable[[ProcessRecord], None]) -> None
             raise BackendError(f"ovs-vswitchd did not start within {START_TIMEOUT_S:g} s: "
                                + _log_tail(rundir / "ovs-vswitchd.log"))
         time.sleep(0.05)
+
+
+def stop_private(rundir: Path) -> None:
+    """Ask a private ovs-vswitchd to exit and remove its datapaths and ports (`exit --cleanup`): a kernel
+    datapath outlives the daemon otherwise. The processes themselves are stopped by PID afterwards."""
+    if (rundir / "ovs-vswitchd.pid").exists():
+        subprocess.run(["ovs-appctl", "-T", "10", "-t", "ovs-vswitchd", "exit", "--cleanup"], capture_output=True,
+                       env={**os.environ, **private_env(rundir)})
 
 
 def _spawn(argv: list[str], env: dict[str, str], role: str, record: Callable[[ProcessRecord], None]) -> None:
