@@ -98,8 +98,11 @@ def headline(doc: dict[str, Any]) -> list[str]:
                      f"[{min(geo):.3f}-{max(geo):.3f}]: geopipe cuts the bubble ratio by {f['reduction_mean']:.1%} "
                      f"(spread {f['reduction_min']:.1%}-{f['reduction_max']:.1%}; GeoPipe paper: up to 78.91 %).")
     env = doc["environment"]
-    lines.append(f"Shaper {env['shaper']}, transport {env['transport']}, kernel {env['kernel']}, {env['cpus']} CPUs, "
-                 f"torch {env['versions'].get('torch', '?')}; experiment took {env['seconds']:.0f} s.")
+    backend = env.get("backend", "netns")
+    if env.get("mininet"):
+        backend += f" ({env['mininet']['switch']} switches, Mininet {env['mininet']['version']})"
+    lines.append(f"Backend {backend}, shaper {env['shaper']}, transport {env['transport']}, kernel {env['kernel']}, "
+                 f"{env['cpus']} CPUs, torch {env['versions'].get('torch', '?')}; experiment took {env['seconds']:.0f} s.")
     for m in doc.get("model_only", []):
         lines.append(f"Model only (not emulated): {m['schedule']} at {m['distance_km']:g} km -> bubble "
                      f"{m['bubble']:.3f}, step {m['step_s']:.3f} s.")

@@ -70,15 +70,19 @@ class MininetBackend(NamespaceBackend):
         self.check_names_free(plan.netns_names())
         switches = mininet_net.layout(plan)
         kind, why = resolve_switch(self.info.get("switch_requested", "auto"))
+        if kind == "ovs" and private_ovs(kind):
+            _refuse_second_kernel_daemon(plan.testbed)
         root_names = _root_names(switches)
         with IPRoute() as root:
             taken = [n for n in root_names if root.link_lookup(ifname=n)]
+            datapath_existed = bool(root.link_lookup(ifname=ovs.KERNEL_DATAPATH))
         if taken:
             raise BackendError(f"interface {taken[0]} already exists in the root namespace (a testbed named "
                                f"{plan.testbed!r} left behind?); run 'testbed down {plan.testbed}' or pick another --name")
         self.state.netns = plan.netns_names()
         self.state.plan = plan.to_json()
         self.info.update(switch=kind, switch_reason=why, version=mininet.net.VERSION, ovs_private=private_ovs(kind),
+                         creates_datapath=kind == "ovs" and private_ovs(kind) and not datapath_existed,
                          switches=[dataclasses.asdict(sw) for sw in switches], root_interfaces=root_names)
         self.state.save()
         net = None
@@ -104,12 +108,14 @@ class MininetBackend(NamespaceBackend):
 
     def destroy(self) -> None:
         if self.info.get("ovs_private"):
-            ovs.stop_private(self.state.files_dir / "ovs")
+            ovs.stop_private(self.state.files_dir / "ovs", [sw.name for sw in self.switches()])
         elif self.info.get("switch") == "ovs":
             env = {k: v for k, v in os.environ.items() if not k.startswith("OVS_")}
             for sw in self.switches():
                 subprocess.run(["ovs-vsctl", "-t", "5", "--if-exists", "del-br", sw.name], capture_output=True, env=env)
         self.remove_namespaces()
+        if self.info.get("creates_datapath"):
+            ovs.delete_kernel_datapath()
         _delete_root_links(self.info.get("root_interfaces", []))
         self.state.delete()
 
@@ -150,6 +156,18 @@ class MininetBackend(NamespaceBackend):
 
     def _record_shell(self, node: str, pid: int) -> None:
         self._record(ProcessRecord(pid=pid, start_ticks=process_start_ticks(pid) or 0, role=SHELL_ROLE, node=node))
+
+
+def _refuse_second_kernel_daemon(testbed: str) -> None:
+    """Two ovs-vswitchd must not drive the kernel's one datapath: one private kernel-datapath testbed at a time."""
+    from testbed.state import list_states
+
+    for other in list_states():
+        info = other.extra.get("mininet", {})
+        if other.name != testbed and info.get("switch") == "ovs" and info.get("ovs_private"):
+            raise BackendError(f"testbed {other.name!r} runs its own ovs-vswitchd on the kernel datapath and two "
+                               "cannot share it: use --switch ovs-user or linuxbridge, start the system's Open "
+                               "vSwitch (service openvswitch-switch start), or bring that testbed down")
 
 
 def _root_names(switches: list[mininet_net.SwitchLayout]) -> list[str]:

@@ -22,6 +22,8 @@ from testbed.state import ProcessRecord, process_start_ticks
 SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 SYSTEM_RUNDIR = Path("/var/run/openvswitch")
 START_TIMEOUT_S = 10.0
+KERNEL_DATAPATH = "ovs-system"
+"""The one kernel datapath every ovs-vswitchd uses, visible as a root-namespace interface."""
 
 
 def installed() -> bool:
@@ -69,12 +71,23 @@ def start_private(rundir: Path, record: Callable[[ProcessRecord], None]) -> None
         time.sleep(0.05)
 
 
-def stop_private(rundir: Path) -> None:
-    """Ask a private ovs-vswitchd to exit and remove its datapaths and ports (`exit --cleanup`): a kernel
-    datapath outlives the daemon otherwise. The processes themselves are stopped by PID afterwards."""
-    if (rundir / "ovs-vswitchd.pid").exists():
-        subprocess.run(["ovs-appctl", "-T", "10", "-t", "ovs-vswitchd", "exit", "--cleanup"], capture_output=True,
-                       env={**os.environ, **private_env(rundir)})
+def stop_private(rundir: Path, bridges: list[str]) -> None:
+    """Delete this testbed's bridges and ask the private ovs-vswitchd to exit removing its datapath
+    (`exit --cleanup`): kernel datapath ports outlive the daemon otherwise. Processes are stopped by PID later."""
+    if not (rundir / "ovs-vswitchd.pid").exists():
+        return
+    env = {**os.environ, **private_env(rundir)}
+    if bridges:
+        argv = ["ovs-vsctl", "-t", "30"]
+        for bridge in bridges:
+            argv += ["--", "--if-exists", "del-br", bridge]
+        subprocess.run(argv, capture_output=True, env=env)
+    subprocess.run(["ovs-appctl", "-T", "30", "-t", "ovs-vswitchd", "exit", "--cleanup"], capture_output=True, env=env)
+
+
+def delete_kernel_datapath() -> None:
+    """Remove the kernel's `ovs-system` datapath (only called when this testbed's private daemon created it)."""
+    subprocess.run(["ovs-dpctl", "del-dp", f"system@{KERNEL_DATAPATH}"], capture_output=True)
 
 
 def _spawn(argv: list[str], env: dict[str, str], role: str, record: Callable[[ProcessRecord], None]) -> None:
