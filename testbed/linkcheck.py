@@ -71,13 +71,20 @@ def check_throughput(backend: Backend, shaper: Shaper | None, seconds: float = 3
         cpu = _cpu_share(shaper, shape["dst_node"], cpu_before, result.seconds + 1.0)
         src_cpu = _cpu_share(shaper, shape["src_node"], src_cpu_before, result.seconds + 1.0)
         fraction = result.bits_per_s / shape["rate_bps"]
+        retry = ""
+        if fraction < MIN_THROUGHPUT_FRACTION:
+            # Capacity check: a host stall on a shared machine can dent one run; a broken link fails both.
+            again = tcp_throughput(backend, shape["src_node"], shape["dst_node"], addr, seconds=seconds)
+            retry = f", best of 2 (first {fraction:.1%})"
+            if again.bits_per_s > result.bits_per_s:
+                result, fraction = again, again.bits_per_s / shape["rate_bps"]
         ok = MIN_THROUGHPUT_FRACTION <= fraction <= MAX_THROUGHPUT_FRACTION
         cpu_text = "" if cpu is None else f", delay daemons {cpu:.0%} + {src_cpu:.0%} of a core"
         checks.append(Check("throughput", f"{shape['link']} {direction_label(shape)}",
                             f"{MIN_THROUGHPUT_FRACTION:.0%}-{MAX_THROUGHPUT_FRACTION:.0%} of "
                             f"{units.format_rate(shape['rate_bps'])}",
                             f"{units.format_rate(result.bits_per_s)} ({fraction:.1%}), "
-                            f"{result.retransmits} retransmits{cpu_text}", ok))
+                            f"{result.retransmits} retransmits{cpu_text}{retry}", ok))
     return checks
 
 

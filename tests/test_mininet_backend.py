@@ -200,6 +200,10 @@ def test_ovs_userspace_switch_private_instance(unique_name: str) -> None:
         assert dp.strip() == "netdev"
         reach = check_reachability(recorded["plan"])
         assert reach and all(c.ok for c in reach), reach
+        second = run_cli("up", "2dc-1000km", "--name", unique_name + "b", "--backend", "mininet", "--switch",
+                         "ovs-user", "--no-verify", check=False)
+        assert second.returncode == 1 and "cannot share its ovs-netdev device" in second.stderr
+        assert netns_with_prefix(f"tb-{unique_name}b-") == []
     finally:
         run_cli("down", unique_name)
     assert _root_links() == before

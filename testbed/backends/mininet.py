@@ -70,19 +70,19 @@ class MininetBackend(NamespaceBackend):
         self.check_names_free(plan.netns_names())
         switches = mininet_net.layout(plan)
         kind, why = resolve_switch(self.info.get("switch_requested", "auto"))
-        if kind == "ovs" and private_ovs(kind):
-            _refuse_second_kernel_daemon(plan.testbed)
+        if private_ovs(kind):
+            _refuse_second_private_daemon(plan.testbed, kind)
         root_names = _root_names(switches)
         with IPRoute() as root:
             taken = [n for n in root_names if root.link_lookup(ifname=n)]
-            datapath_existed = bool(root.link_lookup(ifname=ovs.KERNEL_DATAPATH))
+            datapath_existed = bool(root.link_lookup(ifname=ovs.DATAPATH_DEVICE.get(kind, "")))
         if taken:
             raise BackendError(f"interface {taken[0]} already exists in the root namespace (a testbed named "
                                f"{plan.testbed!r} left behind?); run 'testbed down {plan.testbed}' or pick another --name")
         self.state.netns = plan.netns_names()
         self.state.plan = plan.to_json()
         self.info.update(switch=kind, switch_reason=why, version=mininet.net.VERSION, ovs_private=private_ovs(kind),
-                         creates_datapath=kind == "ovs" and private_ovs(kind) and not datapath_existed,
+                         creates_datapath=private_ovs(kind) and not datapath_existed,
                          switches=[dataclasses.asdict(sw) for sw in switches], root_interfaces=root_names)
         self.state.save()
         net = None
@@ -114,9 +114,10 @@ class MininetBackend(NamespaceBackend):
             for sw in self.switches():
                 subprocess.run(["ovs-vsctl", "-t", "5", "--if-exists", "del-br", sw.name], capture_output=True, env=env)
         self.remove_namespaces()
-        if self.info.get("creates_datapath"):
-            ovs.delete_kernel_datapath()
-        _delete_root_links(self.info.get("root_interfaces", []))
+        made = [ovs.DATAPATH_DEVICE[self.info["switch"]]] if self.info.get("creates_datapath") else []
+        if made:
+            ovs.delete_datapath(self.info["switch"])
+        _delete_root_links(self.info.get("root_interfaces", []) + made)
         self.state.delete()
 
     def fabric_ports(self) -> list[FabricPort]:
@@ -158,16 +159,17 @@ class MininetBackend(NamespaceBackend):
         self._record(ProcessRecord(pid=pid, start_ticks=process_start_ticks(pid) or 0, role=SHELL_ROLE, node=node))
 
 
-def _refuse_second_kernel_daemon(testbed: str) -> None:
-    """Two ovs-vswitchd must not drive the kernel's one datapath: one private kernel-datapath testbed at a time."""
+def _refuse_second_private_daemon(testbed: str, kind: str) -> None:
+    """Two ovs-vswitchd must not drive one datapath (its device, ovs-system or ovs-netdev, is machine-wide):
+    one private daemon per datapath type at a time."""
     from testbed.state import list_states
 
     for other in list_states():
         info = other.extra.get("mininet", {})
-        if other.name != testbed and info.get("switch") == "ovs" and info.get("ovs_private"):
-            raise BackendError(f"testbed {other.name!r} runs its own ovs-vswitchd on the kernel datapath and two "
-                               "cannot share it: use --switch ovs-user or linuxbridge, start the system's Open "
-                               "vSwitch (service openvswitch-switch start), or bring that testbed down")
+        if other.name != testbed and info.get("switch") == kind and info.get("ovs_private"):
+            raise BackendError(f"testbed {other.name!r} runs its own ovs-vswitchd with the {kind} datapath and "
+                               f"two cannot share its {ovs.DATAPATH_DEVICE[kind]} device: use another --switch, "
+                               "start the system's Open vSwitch, or bring that testbed down")
 
 
 def _root_names(switches: list[mininet_net.SwitchLayout]) -> list[str]:

@@ -22,8 +22,8 @@ from testbed.state import ProcessRecord, process_start_ticks
 SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 SYSTEM_RUNDIR = Path("/var/run/openvswitch")
 START_TIMEOUT_S = 10.0
-KERNEL_DATAPATH = "ovs-system"
-"""The one kernel datapath every ovs-vswitchd uses, visible as a root-namespace interface."""
+DATAPATH_DEVICE = {"ovs": "ovs-system", "ovs-user": "ovs-netdev"}
+"""The root-namespace device of each datapath, shared by every ovs-vswitchd that uses it."""
 
 
 def installed() -> bool:
@@ -85,9 +85,10 @@ def stop_private(rundir: Path, bridges: list[str]) -> None:
     subprocess.run(["ovs-appctl", "-T", "30", "-t", "ovs-vswitchd", "exit", "--cleanup"], capture_output=True, env=env)
 
 
-def delete_kernel_datapath() -> None:
-    """Remove the kernel's `ovs-system` datapath (only called when this testbed's private daemon created it)."""
-    subprocess.run(["ovs-dpctl", "del-dp", f"system@{KERNEL_DATAPATH}"], capture_output=True)
+def delete_datapath(kind: str) -> None:
+    """Remove a datapath's device if `exit --cleanup` left it (only called when this testbed's daemon made it)."""
+    if kind == "ovs":
+        subprocess.run(["ovs-dpctl", "del-dp", f"system@{DATAPATH_DEVICE[kind]}"], capture_output=True)
 
 
 def _spawn(argv: list[str], env: dict[str, str], role: str, record: Callable[[ProcessRecord], None]) -> None:
