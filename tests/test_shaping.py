@@ -46,12 +46,24 @@ def _delay_ms(check) -> float:
     return float(value) * (1.0 if unit == "ms" else 1e-3)
 
 
+def _delays_within(backend, wanted_ms: dict[str, tuple[float, float]], probes: int = 10) -> dict:
+    """Measure; if a median misses its bound, measure once more (a host stall on 2 shared cores can shift a
+    whole round of probes by a millisecond; a wrong or missing delay stage misses both rounds)."""
+    for _ in range(2):
+        delays = _by_subject(check_delays(backend, probes=probes))
+        if all(abs(_delay_ms(delays[s]) - ms) < tol for s, (ms, tol) in wanted_ms.items()):
+            break
+    return delays
+
+
 def test_delay_rate_and_zero_loss_per_direction(shaped) -> None:
-    delays = _by_subject(check_delays(shaped, probes=10))
+    rtt_subject = "dc-a--dc-b from dc-a"
+    delays = _delays_within(shaped, {"dc-a--dc-b dc-a -> dc-b": (4.0, 0.15), "dc-a--dc-b dc-b -> dc-a": (2.0, 0.1),
+                                     rtt_subject: (6.0, 0.25)})
     ab, ba = delays["dc-a--dc-b dc-a -> dc-b"], delays["dc-a--dc-b dc-b -> dc-a"]
     assert ab.ok and ba.ok, (ab, ba)
     assert abs(_delay_ms(ab) - 4.0) < 0.15 and abs(_delay_ms(ba) - 2.0) < 0.1
-    rtt = next(c for c in delays.values() if c.kind == "rtt")
+    rtt = delays[rtt_subject]
     assert rtt.ok and abs(_delay_ms(rtt) - 6.0) < 0.25
     shaper = shaper_for(shaped)
     for check in check_throughput(shaped, shaper, seconds=2.0):
@@ -102,7 +114,8 @@ def test_killed_daemon_and_deleted_qdisc_are_detected(shaped) -> None:
 def test_link_set_changes_one_direction_at_run_time(shaped) -> None:
     run_cli("link", "set", "dc-a", "dc-b", "--name", shaped.state.name, "--from", "dc-b", "--delay", "7ms")
     backend = lifecycle.open_backend(shaped.state.name)
-    delays = _by_subject(check_delays(backend, probes=8))
+    delays = _delays_within(backend, {"dc-a--dc-b dc-b -> dc-a": (7.0, 0.25), "dc-a--dc-b dc-a -> dc-b": (4.0, 0.15)},
+                            probes=8)
     assert abs(_delay_ms(delays["dc-a--dc-b dc-b -> dc-a"]) - 7.0) < 0.25
     assert abs(_delay_ms(delays["dc-a--dc-b dc-a -> dc-b"]) - 4.0) < 0.15
     refused = run_cli("link", "set", "dc-a", "dc-b", "--name", shaped.state.name, "--loss", "1%", check=False)
