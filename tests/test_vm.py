@@ -72,6 +72,59 @@ def test_mininet_backend_on_the_ovs_kernel_datapath(unique_name: str) -> None:
     assert _root_links() == before, _root_links() ^ before
 
 
+OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
+
+
+@pytest.mark.mininet
+def test_mininet_backend_beside_the_systems_ovs(unique_name: str, tmp_path) -> None:
+    """With the system's Open vSwitch running (started by Debian's ovs-ctl on the default rundir; only its
+    database lives in a scratch folder, the guest's /etc being read-only), `--switch ovs` adds its bridges to
+    that daemon, leaves the user's own bridge and the daemon alone, and deletes only its bridges at `down`."""
+    assert _module_loaded("openvswitch"), "the guest must have loaded openvswitch"
+    env = {**os.environ, "OVS_DBDIR": str(tmp_path), "OVS_LOGDIR": str(tmp_path), "OVS_SYSCONFDIR": str(tmp_path)}
+    started = subprocess.run([OVS_CTL, "start", "--system-id=random"], capture_output=True, text=True, env=env)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        _vsctl("add-br", "userbr0", "--", "add-port", "userbr0", "userp0", "--", "set", "interface", "userp0",
+               "type=internal")
+        daemons = _system_ovs_pids()
+        before = _root_links()
+        run_cli("up", TOPO, "--name", unique_name, "--backend", "mininet", "--switch", "ovs", "--verify", "skip",
+                timeout=600)
+        try:
+            backend = lifecycle.open_backend(unique_name)
+            info = backend.state.extra["mininet"]
+            assert info["switch"] == "ovs" and not info["ovs_private"] and not info["creates_datapath"]
+            assert not [p for p in backend.state.processes if p.role.startswith("ovs")], backend.state.processes
+            ours = {sw["name"] for sw in info["switches"]}
+            assert set(_vsctl("list-br").split()) == ours | {"userbr0"}
+            report = verify_testbed(backend, level="quick", probes=20)
+            assert report.ok, [c for c in report.checks if not c.ok]
+        finally:
+            run_cli("down", unique_name)
+        assert _vsctl("list-br").split() == ["userbr0"]
+        assert _vsctl("list-ports", "userbr0").split() == ["userp0"]
+        assert _system_ovs_pids() == daemons and all(os.path.exists(f"/proc/{pid}") for pid in daemons.values())
+        assert _root_links() == before, _root_links() ^ before
+        assert netns_with_prefix(f"tb-{unique_name}-") == []
+    finally:
+        _vsctl("--if-exists", "del-br", "userbr0", check=False)
+        subprocess.run([OVS_CTL, "stop"], capture_output=True, env=env)
+        subprocess.run(["ovs-dpctl", "del-dp", "system@ovs-system"], capture_output=True)
+
+
+def _vsctl(*args: str, check: bool = True) -> str:
+    """ovs-vsctl against the system's daemon (the default rundir, no OVS_* overrides)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVS_")}
+    done = subprocess.run(["ovs-vsctl", "-t", "10", *args], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 or not check, done.stderr
+    return done.stdout
+
+
+def _system_ovs_pids() -> dict[str, int]:
+    return {name: int(open(f"/var/run/openvswitch/{name}.pid").read()) for name in ("ovsdb-server", "ovs-vswitchd")}
+
+
 def _root_links() -> set[str]:
     out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
     return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
