@@ -14,6 +14,7 @@ import pytest
 from conftest import REPO, netns_with_prefix, run_cli
 
 from testbed import lifecycle
+from testbed.backends import ovs
 from testbed.shaping.htb import read_qdiscs
 from testbed.shaping.registry import shaper_for
 from testbed.verify import verify_testbed
@@ -110,19 +111,18 @@ def test_mininet_backend_beside_the_systems_ovs(unique_name: str, tmp_path) -> N
     finally:
         _vsctl("--if-exists", "del-br", "userbr0", check=False)
         subprocess.run([OVS_CTL, "stop"], capture_output=True, env=env)
-        subprocess.run(["ovs-dpctl", "del-dp", "system@ovs-system"], capture_output=True)
+        ovs.delete_datapath("ovs")
 
 
 def _vsctl(*args: str, check: bool = True) -> str:
     """ovs-vsctl against the system's daemon (the default rundir, no OVS_* overrides)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OVS_")}
-    done = subprocess.run(["ovs-vsctl", "-t", "10", *args], capture_output=True, text=True, env=env)
+    done = subprocess.run(["ovs-vsctl", "-t", "10", *args], capture_output=True, text=True, env=ovs.system_env())
     assert done.returncode == 0 or not check, done.stderr
     return done.stdout
 
 
 def _system_ovs_pids() -> dict[str, int]:
-    return {name: int(open(f"/var/run/openvswitch/{name}.pid").read()) for name in ("ovsdb-server", "ovs-vswitchd")}
+    return {name: int((ovs.SYSTEM_RUNDIR / f"{name}.pid").read_text()) for name in ("ovsdb-server", "ovs-vswitchd")}
 
 
 def _root_links() -> set[str]:

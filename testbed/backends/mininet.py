@@ -110,9 +110,9 @@ class MininetBackend(NamespaceBackend):
         if self.info.get("ovs_private"):
             ovs.stop_private(self.state.files_dir / "ovs", [sw.name for sw in self.switches()])
         elif self.info.get("switch") == "ovs":
-            env = {k: v for k, v in os.environ.items() if not k.startswith("OVS_")}
             for sw in self.switches():
-                subprocess.run(["ovs-vsctl", "-t", "5", "--if-exists", "del-br", sw.name], capture_output=True, env=env)
+                subprocess.run(["ovs-vsctl", "-t", "5", "--if-exists", "del-br", sw.name], capture_output=True,
+                               env=ovs.system_env())
         self.remove_namespaces()
         made = [ovs.DATAPATH_DEVICE[self.info["switch"]]] if self.info.get("creates_datapath") else []
         if made:

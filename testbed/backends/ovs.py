@@ -39,8 +39,12 @@ def system_switch_running() -> bool:
     """The system's ovsdb-server answers (what Mininet's kernel-datapath OVSSwitch talks to)."""
     if not installed() or not (SYSTEM_RUNDIR / "db.sock").exists():
         return False
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OVS_")}
-    return subprocess.run(["ovs-vsctl", "-t", "2", "show"], capture_output=True, env=env).returncode == 0
+    return subprocess.run(["ovs-vsctl", "-t", "2", "show"], capture_output=True, env=system_env()).returncode == 0
+
+
+def system_env() -> dict[str, str]:
+    """This process's environment without OVS_* overrides, so OVS tools talk to the system's daemon."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("OVS_")}
 
 
 def private_env(rundir: Path) -> dict[str, str]:
