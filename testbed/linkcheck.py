@@ -16,6 +16,8 @@ from testbed.verify import Check
 
 MIN_THROUGHPUT_FRACTION = 0.93
 MAX_THROUGHPUT_FRACTION = 1.03
+THROUGHPUT_RUNS = 3
+"""At most this many iperf3 runs per direction; the first that reaches MIN_THROUGHPUT_FRACTION ends them."""
 
 
 def delay_tolerance(expected_s: float, floor_s: float, spread_s: float = 0.0) -> float:
@@ -71,13 +73,15 @@ def check_throughput(backend: Backend, shaper: Shaper | None, seconds: float = 3
         cpu = _cpu_share(shaper, shape["dst_node"], cpu_before, result.seconds + 1.0)
         src_cpu = _cpu_share(shaper, shape["src_node"], src_cpu_before, result.seconds + 1.0)
         fraction = result.bits_per_s / shape["rate_bps"]
-        retry = ""
-        if fraction < MIN_THROUGHPUT_FRACTION:
-            # Capacity check: a host stall on a shared machine can dent one run; a broken link fails both.
+        first, runs = fraction, 1
+        # Capacity check: a host stall on a shared machine can dent a run, sometimes two in a row (CI,
+        # 2026-12-03: 86 % twice where 94-96 % is usual); a link that cannot carry its rate fails every run.
+        while fraction < MIN_THROUGHPUT_FRACTION and runs < THROUGHPUT_RUNS:
             again = tcp_throughput(backend, shape["src_node"], shape["dst_node"], addr, seconds=seconds)
-            retry = f", best of 2 (first {fraction:.1%})"
+            runs += 1
             if again.bits_per_s > result.bits_per_s:
                 result, fraction = again, again.bits_per_s / shape["rate_bps"]
+        retry = f", best of {runs} (first {first:.1%})" if runs > 1 else ""
         ok = MIN_THROUGHPUT_FRACTION <= fraction <= MAX_THROUGHPUT_FRACTION
         cpu_text = "" if cpu is None else f", delay daemons {cpu:.0%} + {src_cpu:.0%} of a core"
         checks.append(Check("throughput", f"{shape['link']} {direction_label(shape)}",
