@@ -20,10 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed import lifecycle, table  # noqa: E402
-from testbed.paths import resolve_topology  # noqa: E402
-from testbed.runner import RunOptions, run_experiment  # noqa: E402
-from testbed.verify import check_reachability, verify_testbed  # noqa: E402
+from testbed.check.verify import check_reachability, verify_testbed  # noqa: E402
+from testbed.deploy import lifecycle  # noqa: E402
+from testbed.run.runner import RunOptions, run_schedules  # noqa: E402
+from testbed.util import table  # noqa: E402
+from testbed.util.paths import resolve_topology  # noqa: E402
 
 BACKENDS = ("netns", "mininet")
 SCHEDULES = ("1f1b", "geopipe")
@@ -47,15 +48,15 @@ def training(backend: str, name: str, microbatches: int, iterations: int, result
     try:
         handle = lifecycle.open_backend(name)
         report = verify_testbed(handle, level="quick")
-        _, summary = run_experiment(handle, RunOptions(schedules=list(SCHEDULES), microbatches=microbatches,
+        _, summary = run_schedules(handle, RunOptions(schedules=list(SCHEDULES), microbatches=microbatches,
                                                        iterations=iterations), results, log=lambda _m: None)
     finally:
         down_s = lifecycle.down(name)
     row = {"up_s": result.seconds, "shaped_s": result.shaped_seconds, "down_s": down_s,
-           "verify": f"{sum(c.ok for c in report.checks)}/{len(report.checks)}", "shaper": summary["shaper"]}
-    for s in summary["schedules"]:
-        row[s["schedule"]] = s["bubble_ratio"]
-        row[s["schedule"] + "_step_s"] = s["step_time_s"]
+           "verify": f"{sum(c.ok for c in report.checks)}/{len(report.checks)}", "shaper": summary.shaper}
+    for s in summary.schedules:
+        row[s.schedule] = s.bubble_ratio
+        row[s.schedule + "_step_s"] = s.step_time_s
     return row
 
 

@@ -17,11 +17,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed import lifecycle, table  # noqa: E402
-from testbed.paths import resolve_topology  # noqa: E402
+from testbed.check.verify import check_reachability  # noqa: E402
+from testbed.deploy import lifecycle  # noqa: E402
 from testbed.plan import build_plan  # noqa: E402
 from testbed.topology import load_topology  # noqa: E402
-from testbed.verify import check_reachability  # noqa: E402
+from testbed.util import table  # noqa: E402
+from testbed.util.paths import resolve_topology  # noqa: E402
 
 
 def time_netns(topology: Path, name: str) -> tuple[float, float, int]:

@@ -19,11 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from testbed import lifecycle, linkcheck, table  # noqa: E402
+from testbed.check import links as linkcheck  # noqa: E402
+from testbed.deploy import lifecycle  # noqa: E402
 from testbed.probe.latency import round_trip  # noqa: E402
 from testbed.probe.throughput import tcp_throughput  # noqa: E402
-from testbed.shaping.calibrate import otn_address  # noqa: E402
 from testbed.shaping.registry import resolve, shaper_for  # noqa: E402
+from testbed.util import table  # noqa: E402
 
 TOPOLOGY = """name: {name}
 datacenters: {{dc-a: {{hosts: 1}}, dc-b: {{hosts: 1}}}}
@@ -42,7 +43,7 @@ def measure(delay_ms: float, rate_mbit: float, shaper: str, seconds: float) -> d
         backend = lifecycle.open_backend(name)
         sh = shaper_for(backend)
         plan = backend.state.plan
-        addr_b = otn_address(plan, "dc-b-rtr", "otn0")
+        addr_b = plan.receiver_address(plan.direction("dc-a", "dc-b"))
         rtt = round_trip(backend.netns_path("dc-a-rtr"), addr_b, count=20, timeout_s=1 + 4 * delay_ms / 1e3)
         cpu = {n: linkcheck.daemon_cpu(sh, n) for n in ("dc-a-rtr", "dc-b-rtr")}
         tput = tcp_throughput(backend, "dc-a-rtr", "dc-b-rtr", addr_b, seconds=seconds)
@@ -50,14 +51,14 @@ def measure(delay_ms: float, rate_mbit: float, shaper: str, seconds: float) -> d
         cpu_after = {n: linkcheck.daemon_cpu(sh, n) for n in cpu}
         cpu_share = [max(0.0, cpu_after[n] - cpu[n]) / wall for n in cpu if cpu[n] is not None]
         drops = sum(d.unintended for d in sh.drops()) if sh else 0
-        calibration = backend.state.extra.get("shaper", {}).get("calibration_s", {})
-        return {"delay_ms": delay_ms, "rate_mbit": rate_mbit, "shaper": backend.state.extra["shaper"]["name"],
+        record = backend.state.shaper
+        calibration = record.calibration_s if record else {}
+        return {"delay_ms": delay_ms, "rate_mbit": rate_mbit, "shaper": backend.state.shaper_name,
                 "rtt_ms": rtt.median_s * 1e3, "rtt_lost": rtt.lost, "goodput_mbit": tput.bits_per_s / 1e6,
                 "retransmits": tput.retransmits, "drops": drops,
                 "daemon_cpu_max": max(cpu_share) if cpu_share else None,
                 "calibration_us": max(calibration.values()) * 1e6 if calibration else None,
-                "stage": "native path" if backend.state.extra.get("shaper", {}).get("native") else
-                backend.state.extra["shaper"]["name"]}
+                "stage": "native path" if record and record.native else backend.state.shaper_name}
     finally:
         lifecycle.down(name)
 
@@ -110,7 +111,7 @@ def main() -> int:
 
 def run_netem_in_vm(args: argparse.Namespace) -> list[dict]:
     """The same matrix with netem, inside Debian's stock kernel under QEMU; its rows as JSON."""
-    from testbed.vm import run_in_vm
+    from testbed.backends.vm import run_in_vm
 
     out = Path("results/bench-links-vm").resolve()
     command = (f".venv/bin/python bench/links.py --shaper netem --delays {args.delays} --rates {args.rates} "

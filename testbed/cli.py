@@ -1,4 +1,8 @@
-"""The `testbed` command line: doctor, plan, up, down, status, exec, verify."""
+"""testbed: emulate datacenters and the OTN links between them, and measure pipeline training across them.
+
+Commands: doctor, plan, up, down, status, exec, verify, link, run, experiment, report, cli, vm
+(`testbed COMMAND --help` for each). This module only parses arguments and calls into the layers.
+"""
 
 from __future__ import annotations
 
@@ -7,36 +11,20 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from testbed import lifecycle, table, units
-from testbed.backends import BACKENDS, BackendError
+from testbed.backends.base import BackendError
 from testbed.backends.mininet_net import SWITCH_KINDS
-from testbed.paths import DEFAULT_TOPOLOGY, resolve_topology
-from testbed.plan import Plan, build_plan
+from testbed.backends.registry import BACKENDS
+from testbed.deploy import lifecycle
+from testbed.plan import build_plan
+from testbed.plan.render import render_plan
 from testbed.shaping.registry import CHOICES as SHAPER_CHOICES
 from testbed.shaping.registry import ShaperError
-from testbed.state import list_states
+from testbed.state import store as statefile
 from testbed.topology import TopologyError, load_topology
-
-
-def _print_plan(plan: Plan) -> None:
-    print(f"testbed {plan.testbed}  (topology {plan.topology}, {plan.source})")
-    rows = [(n.name, n.dc, n.role, n.netns, " ".join(n.addresses)) for n in plan.nodes]
-    print(table.render(["node", "dc", "role", "netns", "addresses"], rows, "\nNodes"))
-    rows = [(s.link, f"{s.src_dc} -> {s.dst_dc}", units.format_time(s.delay_s), units.format_rate(s.rate_bps),
-             units.format_time(s.jitter_s), f"{s.loss:g}", "yes" if s.lossless else "no", s.mtu,
-             units.format_size(s.bdp_bytes), s.rate_queue_packets, s.delay_queue_packets) for s in plan.shapes]
-    print(table.render(["link", "direction", "delay", "rate", "jitter", "loss", "lossless", "mtu", "BDP(rtt)",
-                        "rate q (pkts)", "delay q (pkts)"], rows, "\nOTN links (one row per direction)"))
-    rows = [(n.name, str(r.dst), str(r.gateway), r.dev, str(r.src or "-")) for n in plan.nodes if n.role == "router"
-            for r in n.routes]
-    print(table.render(["router", "destination", "via", "dev", "src"], rows, "\nRoutes (shortest one-way delay)"))
-    rows = [(src, dst, " > ".join(p)) for src, by in plan.paths.items() for dst, p in by.items() if src != dst]
-    print(table.render(["from", "to", "path"], rows, "\nDC paths"))
-    print(f"\nTCP buffers (tcp_rmem/tcp_wmem max on hosts): {units.format_size(plan.tcp_buffer_bytes)} "
-          "(2 x the largest path bandwidth-delay product, at least 6 MiB)")
-    for note in plan.notes:
-        print(f"scale: {note}")
+from testbed.util import units
+from testbed.util.paths import DEFAULT_TOPOLOGY, resolve_topology
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -44,7 +32,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_json(), indent=1))
     else:
-        _print_plan(plan)
+        print(render_plan(plan))
     return 0
 
 
@@ -54,26 +42,27 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"testbed {plan.testbed} up: {len(plan.nodes)} namespaces ({len(plan.hosts)} hosts), "
           f"{len(plan.veths)} veth pairs, in {result.seconds:.2f} s ({args.backend} backend); "
           f"shaper {result.shaper} in {result.shaped_seconds:.2f} s")
-    mininet_info = lifecycle.open_backend(plan.testbed).state.extra.get("mininet")
-    if mininet_info:
-        print(f"Mininet {mininet_info['version']}: {mininet_info['switch']} switches "
-              f"{', '.join(sw['name'] for sw in mininet_info['switches'])} ({mininet_info['switch_reason']})")
+    backend = lifecycle.open_backend(plan.testbed)
+    mininet = backend.state.mininet
+    if mininet:
+        print(f"Mininet {mininet.version}: {mininet.switch} switches "
+              f"{', '.join(sw.name for sw in mininet.switches)} ({mininet.switch_reason})")
     if result.shaper == "none":
         print("WARNING: --shaper none: OTN links carry NO delay and NO rate limit", file=sys.stderr)
-    shaper_info = lifecycle.open_backend(plan.testbed).state.extra.get("shaper", {})
-    for warning in shaper_info.get("warnings", []):
+    shaper = backend.state.shaper
+    for warning in shaper.warnings if shaper else []:
         print(f"WARNING: {warning}", file=sys.stderr)
-    calibration = shaper_info.get("calibration_s", {})
-    if calibration:
+    if shaper and shaper.calibration_s:
         print("calibrated emulator path latency subtracted from each hold: "
-              + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in calibration.items()))
+              + ", ".join(f"{k} {v * 1e6:.0f} us" for k, v in shaper.calibration_s.items()))
     level = "skip" if args.no_verify else args.verify
     if level != "skip":
-        backend = lifecycle.open_backend(plan.testbed)
-        report = _run_verify(backend, level)
+        from testbed.check.verify import verify_testbed
+
+        report = verify_testbed(backend, level=level)
         bad = report.failures()
         print(f"verify ({level}): {len(report.checks) - len(bad)}/{len(report.checks)} checks passed")
-        _print_checks(report, show_all=False)
+        print(report.render(show_all=False))
         if bad:
             print(f"testbed: verification failed; the testbed stays up for inspection "
                   f"('testbed down {plan.testbed}' removes it)", file=sys.stderr)
@@ -84,7 +73,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    names = [s.name for s in list_states()] if args.all else [lifecycle.resolve_name(args.name)]
+    names = [s.name for s in statefile.list_states()] if args.all else [lifecycle.resolve_name(args.name)]
     if args.all and not names:
         print("no testbed is up")
     for name in names:
@@ -94,57 +83,20 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from testbed.status import describe
-    states = [s for s in list_states() if args.name in (None, s.name)]
+    from testbed.check.status import describe
+
+    states = [s for s in statefile.list_states() if args.name in (None, s.name)]
     if args.name and not states:
         raise BackendError(f"no testbed named {args.name!r} is up")
-    records = []
-    for s in states:
-        record = describe(s)
-        record["shaper"] = _shaper_status(s)
-        if record["shaper"]["problems"] and record["health"] == "ok":
-            record["health"] = "degraded: " + "; ".join(record["shaper"]["problems"])
-        records.append(record)
+    records = [describe(s) for s in states]
     if args.json:
-        print(json.dumps(records if not args.name else records[0], indent=1))
+        print(json.dumps([r.to_json() for r in records] if not args.name else records[0].to_json(), indent=1))
         return 0
     if not records:
         print("no testbed is up")
-    for rec in records:
-        print(f"testbed {rec['name']}: {rec['phase']}, {rec['health']} ({rec['backend']} backend, "
-              f"shaper {rec['shaper']['name']}, {rec['topology']})")
-        rows = [(n["name"], n["dc"], n["role"], n["netns"], " ".join(n["addresses"]),
-                 "yes" if n["present"] else "GONE") for n in rec["nodes"]]
-        print(table.render(["node", "dc", "role", "netns", "addresses", "present"], rows))
-        if rec.get("switches"):
-            rows = [(sw["name"], sw["dc"], sw["kind"], " ".join(sw["ports"].values()), "yes" if sw["present"] else "GONE")
-                    for sw in rec["switches"]]
-            print(table.render(["switch", "dc", "kind", "ports", "present"], rows, "\nMininet switches (root namespace)"))
-        native = rec["shaper"].get("native_path", [])
-        rows = [(lk["link"], f"{lk['from']} -> {lk['to']}", units.format_time(lk["delay_s"]),
-                 units.format_rate(lk["rate_bps"]),
-                 "native path" if f"{lk['from']} -> {lk['to']}" in native else rec["shaper"]["name"])
-                for lk in rec["links"]]
-        print(table.render(["link", "direction", "one-way delay", "rate", "delay by"], rows,
-                           "\nOTN links (configured)"))
-        for warning in rec["shaper"].get("warnings", []):
-            print(f"note: {warning}")
+    for record in records:
+        print(record.render())
     return 0
-
-
-def _shaper_status(state: object) -> dict:
-    """Shaper name and what its health check finds (qdiscs, rules, daemons) for a running testbed."""
-    from testbed.backends import backend_for
-    from testbed.shaping.registry import shaper_for
-
-    name = state.extra.get("shaper", {}).get("name", "none")  # type: ignore[attr-defined]
-    if state.phase != "up":  # type: ignore[attr-defined]
-        return {"name": name, "problems": [], "calibration_s": {}}
-    shaper = shaper_for(backend_for(state))  # type: ignore[arg-type]
-    problems = ["no shaper: OTN links carry no delay or rate limit"] if shaper is None else shaper.health().problems
-    info = state.extra.get("shaper", {})  # type: ignore[attr-defined]
-    return {"name": name, "problems": problems, "calibration_s": info.get("calibration_s", {}),
-            "native_path": info.get("native", []), "warnings": info.get("warnings", [])}
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
@@ -158,32 +110,16 @@ def cmd_exec(args: argparse.Namespace) -> int:
         raise BackendError(f"command not found: {argv[0]}") from None
 
 
-def _run_verify(backend: object, level: str) -> object:
-    from testbed.verify import verify_testbed
-    return verify_testbed(backend, level=level)  # type: ignore[arg-type]
-
-
-def _print_checks(report: object, show_all: bool) -> None:
-    checks = report.checks  # type: ignore[attr-defined]
-    rows = [(c.kind, c.subject, c.expected, c.measured, "pass" if c.ok else "FAIL") for c in checks
-            if show_all or not c.ok or c.kind not in ("reach", "route")]
-    print(table.render(["check", "subject", "expected", "measured", "result"], rows))
-    n_reach = sum(1 for c in checks if c.kind == "reach")
-    n_route = sum(1 for c in checks if c.kind == "route")
-    hidden = "" if show_all else f" ({n_reach} host pairs and {n_route} routes passed are not listed; --all lists them)"
-    print(f"{sum(c.ok for c in checks)}/{len(checks)} checks passed{hidden}")
-
-
 def cmd_verify(args: argparse.Namespace) -> int:
+    from testbed.check.verify import verify_testbed
+
     backend = lifecycle.open_backend(args.name)
-    report = _run_verify(backend, "quick" if args.quick else "full")
+    report = verify_testbed(backend, level="quick" if args.quick else "full")
     if args.json:
-        print(json.dumps({"testbed": report.testbed, "ok": report.ok,
-                          "checks": [_check_dict(c) for c in report.checks]},
-                         indent=1))
+        print(json.dumps(report.to_json(), indent=1))
     else:
-        print(f"verify {report.testbed} (shaper {backend.state.extra.get('shaper', {}).get('name', 'none')})")
-        _print_checks(report, args.all)
+        print(f"verify {report.testbed} (shaper {backend.state.shaper_name})")
+        print(report.render(args.all))
     if not report.ok:
         print(f"testbed: {len(report.failures())} check(s) failed", file=sys.stderr)
         return 1
@@ -191,7 +127,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_link(args: argparse.Namespace) -> int:
-    from testbed.linkset import set_link
+    from testbed.deploy.linkset import set_link
 
     backend = lifecycle.open_backend(args.name)
     values = {"delay_s": units.parse_time(args.delay) if args.delay else None,
@@ -199,16 +135,14 @@ def cmd_link(args: argparse.Namespace) -> int:
               "jitter_s": units.parse_time(args.jitter) if args.jitter else None,
               "loss": units.parse_fraction(args.loss) if args.loss else None}
     for new in set_link(backend, args.a, args.b, from_dc=args.from_dc, **values):
-        print(f"{new.link} {new.src_dc} -> {new.dst_dc}: delay {units.format_time(new.delay_s)}, "
+        print(f"{new.link} {new.label}: delay {units.format_time(new.delay_s)}, "
               f"rate {units.format_rate(new.rate_bps)}, jitter {units.format_time(new.jitter_s)}, loss {new.loss:g}")
     print(f"check it: testbed verify {backend.state.name}")
     return 0
 
 
 def cmd_vm(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from testbed.vm import VmUnavailable, find_setup, run_in_vm
+    from testbed.backends.vm import VmUnavailable, find_setup, run_in_vm
 
     try:
         setup = find_setup()
@@ -223,10 +157,7 @@ def cmd_vm(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from testbed import state as statefile
-    from testbed.runner import RunError, RunOptions, run_experiment
+    from testbed.run.runner import RunError, RunOptions, run_schedules
 
     options = RunOptions(
         schedules=[s.strip() for s in args.schedule.split(",")], microbatches=args.microbatches,
@@ -249,38 +180,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         backend = lifecycle.open_backend(owned)
         print(f"testbed {owned} up ({result.shaper}); it is removed after the run")
     try:
-        run_dir, summary = run_experiment(backend, options, Path(args.results), stages=args.stages)
+        run_dir, summary = run_schedules(backend, options, Path(args.results), stages=args.stages)
     except RunError as exc:
         raise BackendError(str(exc)) from None
     finally:
         if owned:
             lifecycle.down(owned)
-    rows = []
-    for s in summary["schedules"]:
-        br = s["bubble_ratio"]
-        rows.append((s["schedule"], "-" if br is None else f"{br:.3f}",
-                     "-" if br is None else " ".join(f"{b:.3f}" for b in s["bubble_ratio_per_stage"]),
-                     f"{s['step_time_s']:.3f}", f"{s['tokens_per_s']:.0f}",
-                     "-" if s["exposed_comm_s"] is None else f"{s['exposed_comm_s']:.3f}",
-                     "-" if s["peak_inflight_activation_bytes"] is None
-                     else units.format_size(s["peak_inflight_activation_bytes"]),
-                     f"{s['loss_first']:.3f} -> {s['loss_last']:.3f}" if s["loss_first"] is not None else "-"))
-    print(table.render(["schedule", "bubble", "per stage", "step s", "tokens/s", "exposed comm s", "peak in-flight",
-                        "loss"], rows, f"\n{summary['topology']}: {len(summary['stages'])} stages, shaper "
-                                       f"{summary['shaper']}, {summary['transport']}"))
+    print(summary.render())
     print(f"\nresults: {run_dir} (summary.json, trace.json for chrome://tracing or ui.perfetto.dev)")
     return 0
-
-
-def _check_dict(check: object) -> dict:
-    return {k: getattr(check, k) for k in ("kind", "subject", "expected", "measured", "ok")}
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from testbed.experiment import Experiment, ExperimentSpec
-    from testbed.report import terminal_summary
+    from testbed.experiment.records import ExperimentSpec
+    from testbed.experiment.report import terminal_summary
+    from testbed.experiment.sweep import Experiment
 
     spec = ExperimentSpec(
         topology=args.topology, microbatches=args.microbatches, iterations=args.iterations,
@@ -313,9 +229,7 @@ def cmd_cli(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from testbed.report import rerender
+    from testbed.experiment.report import rerender
 
     path = Path(args.run)
     if not (path / "summary.json").exists():
@@ -331,19 +245,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from testbed.doctor import run_doctor
+    from testbed.check.doctor import run_doctor
+
     report = run_doctor()
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
         return 0
-    print(f"kernel {report.kernel}, {report.cpus} CPUs")
-    rows = [(p.name, "yes" if p.ok else "no", p.detail) for p in report.probes]
-    print(table.render(["capability", "present", "evidence"], rows))
-    d = report.decision
-    print(f"\nA run here uses: backend={d.backend} shaper={d.shaper} transport={d.transport} rdma={d.rdma}")
-    for reason in d.reasons:
-        print(f"  - {reason}")
-    return 0 if d.backend != "none" else 1
+    print(report.render())
+    return 0 if report.decision.backend != "none" else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -411,7 +320,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="train the pipeline workload across a testbed's hosts (or a topology's)")
     p.add_argument("target", nargs="?", default=DEFAULT_TOPOLOGY, help="a running testbed's name, or a topology")
-    p.add_argument("--workload", default="pipeline", choices=["pipeline"])
     p.add_argument("--schedule", default="1f1b,geopipe",
                    help="comma-separated: gpipe, 1f1b, geopipe, torch-1f1b, torch-gpipe (PyTorch's own)")
     p.add_argument("--microbatches", type=int, default=8)

@@ -19,14 +19,15 @@ import pytest
 from conftest import REPO, netns_with_prefix, run_cli
 from pyroute2 import IPRoute
 
-from testbed import lifecycle, state
 from testbed.backends import nsfs, ovs
 from testbed.backends.mininet_net import layout
-from testbed.paths import shipped_topologies
+from testbed.check.verify import check_reachability, check_routes
+from testbed.deploy import lifecycle
 from testbed.plan import build_plan
 from testbed.shaping.htb import read_class_rate
+from testbed.state import store as state
 from testbed.topology import load_topology
-from testbed.verify import check_reachability, check_routes
+from testbed.util.paths import shipped_topologies
 
 pytestmark = [pytest.mark.root, pytest.mark.mininet]
 
@@ -58,13 +59,13 @@ def _state(name: str) -> dict:
 def test_shipped_topology_up_reach_routes_down(topology: Path, unique_name: str) -> None:
     before = _root_links()
     run_cli("up", str(topology), "--name", unique_name, "--backend", "mininet", "--no-verify")
-    plan = build_plan(load_topology(topology), unique_name).to_json()
+    plan = build_plan(load_topology(topology), unique_name)
     try:
-        assert netns_with_prefix(f"tb-{unique_name}-") == sorted(n["netns"] for n in plan["nodes"])
-        recorded = set(_state(unique_name)["extra"]["mininet"]["root_interfaces"])
+        assert netns_with_prefix(f"tb-{unique_name}-") == sorted(plan.netns_names())
+        recorded = set(state.TestbedState.load(unique_name).mininet.root_interfaces)
         assert _root_links() - before == recorded, "only the recorded switches and ports may be in the root namespace"
         reach = check_reachability(plan)
-        hosts = len([n for n in plan["nodes"] if n["role"] == "host"])
+        hosts = len(plan.hosts)
         assert len(reach) == hosts * (hosts - 1) and all(c.ok for c in reach), [c for c in reach if not c.ok]
         routes = check_routes(plan)
         assert routes and all(c.ok for c in routes), [c for c in routes if not c.ok]
@@ -194,7 +195,7 @@ def test_ovs_userspace_switch_private_instance(unique_name: str) -> None:
         backend = lifecycle.open_backend(unique_name)
         env = {**os.environ, **backend.ovs_env()}
         bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, env=env, check=True).stdout
-        assert set(bridges.split()) == {sw["name"] for sw in recorded["extra"]["mininet"]["switches"]}
+        assert set(bridges.split()) == {sw["name"] for sw in recorded["mininet"]["switches"]}
         dp = subprocess.run(["ovs-vsctl", "get", "bridge", bridges.split()[0], "datapath_type"], capture_output=True,
                             text=True, env=env, check=True).stdout
         assert dp.strip() == "netdev"

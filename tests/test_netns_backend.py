@@ -15,10 +15,10 @@ from conftest import BACKEND_PARAMS, REPO, netns_with_prefix, run_cli
 from pyroute2 import IPRoute
 
 from testbed.backends import nsfs
-from testbed.paths import shipped_topologies
+from testbed.check.verify import check_reachability, check_routes
 from testbed.plan import build_plan
 from testbed.topology import load_topology
-from testbed.verify import check_reachability, check_routes
+from testbed.util.paths import shipped_topologies
 
 pytestmark = pytest.mark.root
 
@@ -32,11 +32,11 @@ def _ipr(netns: str) -> IPRoute:
 def test_shipped_topology_up_reach_routes_down(topology: Path, unique_name: str) -> None:
     before_root_links = len(IPRoute().get_links())
     run_cli("up", str(topology), "--name", unique_name, "--no-verify")
-    plan = build_plan(load_topology(topology), unique_name).to_json()
+    plan = build_plan(load_topology(topology), unique_name)
     try:
-        assert netns_with_prefix(f"tb-{unique_name}-") == sorted(plan and [n["netns"] for n in plan["nodes"]])
+        assert netns_with_prefix(f"tb-{unique_name}-") == sorted(plan.netns_names())
         reach = check_reachability(plan)
-        hosts = len([n for n in plan["nodes"] if n["role"] == "host"])
+        hosts = len(plan.hosts)
         assert len(reach) == hosts * (hosts - 1)
         assert all(c.ok for c in reach), [c for c in reach if not c.ok]
         routes = check_routes(plan)

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from testbed.paths import TOPOLOGY_DIR
 from testbed.plan import build_plan
 from testbed.topology import load_topology, parse_topology
+from testbed.util.paths import TOPOLOGY_DIR
 
 
 @pytest.fixture
@@ -34,8 +34,8 @@ def test_routes_follow_shortest_delay(ring_plan) -> None:
 
 
 def test_asymmetric_direction_shapes(ring_plan) -> None:
-    da = next(s for s in ring_plan.shapes if s.src_dc == "dc-d" and s.dst_dc == "dc-a")
-    ad = next(s for s in ring_plan.shapes if s.src_dc == "dc-a" and s.dst_dc == "dc-d")
+    da = next(s for s in ring_plan.directions if s.src_dc == "dc-d" and s.dst_dc == "dc-a")
+    ad = next(s for s in ring_plan.directions if s.src_dc == "dc-a" and s.dst_dc == "dc-d")
     assert da.delay_s == pytest.approx(10.5e-3) and ad.delay_s == pytest.approx(10e-3)
     assert da.rate_bps == 500e6
 
@@ -46,7 +46,7 @@ def test_queue_and_buffer_sizing_from_bdp() -> None:
     plan = build_plan(t)
     rtt_bdp = 1e9 * 0.040 / 8
     assert plan.tcp_buffer_bytes >= 2 * rtt_bdp
-    shape = plan.shapes[0]
+    shape = plan.directions[0]
     assert shape.bdp_bytes == math.ceil(rtt_bdp)
     assert shape.delay_queue_packets >= 2 * 1e9 * 0.020 / 8 / 1514
     assert shape.rate_queue_packets * 1514 >= 4 * plan.tcp_buffer_bytes   # every host's window fits

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -10,8 +9,10 @@ import pytest
 pytest.importorskip("matplotlib")
 pytest.importorskip("torch")
 
-from testbed import report  # noqa: E402
-from testbed.predict import StageTimes, fit_message_overhead, predict  # noqa: E402
+from testbed.experiment import report  # noqa: E402
+from testbed.experiment.model import StageTimes, fit_message_overhead, predict  # noqa: E402
+from testbed.experiment.records import ExperimentRecord, ExperimentSpec, ModelPrediction, Point  # noqa: E402
+from testbed.run.summary import ScheduleSummary  # noqa: E402
 
 TIMES = StageTimes(forward_s=[0.008, 0.009], backward_s=[0.015, 0.016], activation_bytes=131072,
                    stash_bytes=[5_000_000, 5_000_000])
@@ -32,12 +33,15 @@ def test_model_orders_schedules_and_budget_bounds() -> None:
 
 
 def _point(sweep: str, km: float, schedule: str, bubble: float, model: float, rep: int = 0,
-           budget: int | None = None, run_dir: str = "") -> dict:
-    return {"sweep": sweep, "distance_km": km, "delay_s": km * 5e-6, "rate_bps": 1e9, "microbatches": 32,
-            "schedule": schedule, "repetition": rep, "memory_budget": budget, "rtt_s": 2 * km * 5e-6 + 1e-4,
-            "measured": {"bubble_ratio": bubble, "step_time_s": 1.0, "tokens_per_s": 8000.0, "exposed_comm_s": 0.1,
-                         "peak_inflight_activation_bytes": 11_000_000, "loss_last": 3.2, "geo_plan": None},
-            "predicted_bubble": model, "predicted_step_s": 1.0, "geo_plan": None, "run_dir": run_dir}
+           budget: int | None = None, run_dir: str = "") -> Point:
+    measured = ScheduleSummary(
+        schedule=schedule, bubble_ratio=bubble, bubble_ratio_per_stage=[bubble, bubble], step_time_s=1.0,
+        step_time_spread_s=[1.0, 1.0], tokens_per_s=8000.0, bubble_ratio_iterations=None, exposed_comm_s=0.1,
+        exposed_comm_s_per_stage=None, compute_s_per_stage=None, peak_inflight_activation_bytes=11_000_000,
+        peak_inflight_activation_bytes_per_stage=None, loss_first=3.3, loss_last=3.2, iterations=4)
+    return Point(sweep=sweep, distance_km=km, delay_s=km * 5e-6, rate_bps=1e9, microbatches=32, schedule=schedule,
+                 repetition=rep, memory_budget=budget, rtt_s=2 * km * 5e-6 + 1e-4, measured=measured,
+                 predicted_bubble=model, predicted_step_s=1.0, run_dir=run_dir)
 
 
 @pytest.fixture
@@ -47,16 +51,17 @@ def experiment_dir(tmp_path: Path) -> Path:
               _point("repeat", 1000, "1f1b", 0.42, 0.42, rep=1), _point("repeat", 1000, "geopipe", 0.09, 0.05, rep=1),
               _point("budget", 1000, "geopipe", 0.30, 0.29, budget=10_000_000),
               _point("budget", 1000, "geopipe", 0.09, 0.06, budget=20_000_000)]
-    doc = {"id": "test", "spec": {"schedules": ["1f1b", "geopipe"], "memory_budget": None, "focus_km": 1000},
-           "environment": {"shaper": "delayline", "transport": "gloo-tcp", "kernel": "k", "cpus": 2,
-                           "versions": {"torch": "2.13.0"}, "seconds": 1.0},
-           "points": points, "model_only": [{"distance_km": 5000, "schedule": "geopipe", "bubble": 0.3, "step_s": 2.0}]}
-    (tmp_path / "summary.json").write_text(json.dumps(doc))
+    record = ExperimentRecord(
+        id="test", spec=ExperimentSpec(schedules=["1f1b", "geopipe"], memory_budget=None, focus_km=1000),
+        environment={"shaper": "delayline", "transport": "gloo-tcp", "kernel": "k", "cpus": 2,
+                     "versions": {"torch": "2.13.0"}, "seconds": 1.0},
+        points=points, model_only=[ModelPrediction(distance_km=5000, schedule="geopipe", bubble=0.3, step_s=2.0)])
+    record.save(tmp_path)
     return tmp_path
 
 
 def test_report_tables_flag_divergence_and_state_spread(experiment_dir: Path) -> None:
-    doc = json.loads((experiment_dir / "summary.json").read_text())
+    doc = ExperimentRecord.load(experiment_dir)
     headers, rows, notes = report.distance_rows(doc)
     row = rows[1]
     assert row[0] == "1000" and "[0.420-0.440]" in row[headers.index("bubble 1f1b (model)")]

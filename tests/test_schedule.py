@@ -8,13 +8,13 @@ from workloads import schedule as S
 from workloads.simulate import Costs, Deadlock, simulate
 
 GOLDEN = Path(__file__).parent / "golden"
-GEO3 = S.GeoPlan(extra_inflight=(2, 1, 0), recv_lookahead=(0, 4, 2), wanted_extra=(2, 1, 0),
+GEO3 = S.GeoPipeSizing(extra_inflight=(2, 1, 0), recv_lookahead=(0, 4, 2), wanted_extra=(2, 1, 0),
                  bound=("hidden", "hidden", "no link"))
 
 
 @pytest.mark.parametrize(("name", "file", "geo"), [("gpipe", "gpipe-p3-m4.txt", None), ("1f1b", "1f1b-p3-m4.txt", None),
                                                     ("geopipe", "geopipe-p3-m6.txt", GEO3)])
-def test_golden_action_lists(name: str, file: str, geo: S.GeoPlan | None) -> None:
+def test_golden_action_lists(name: str, file: str, geo: S.GeoPipeSizing | None) -> None:
     m = 6 if geo else 4
     assert S.to_text(S.build(name, 3, m, geo)) == (GOLDEN / file).read_text()
     assert S.from_text((GOLDEN / file).read_text()) == S.build(name, 3, m, geo)
@@ -64,7 +64,7 @@ def test_jit_receive_costs_a_round_trip_and_geopipe_hides_it() -> None:
     costs = _costs(d)
     base = simulate(S.build("1f1b", 2, m), _costs(0.0))
     far = simulate(S.build("1f1b", 2, m), costs)
-    geo_plan = S.geopipe_plan(2, m, link_delay_s=[d], link_rate_Bps=[125e6], activation_bytes=131072,
+    geo_plan = S.size_geopipe(2, m, link_delay_s=[d], link_bytes_per_s=[125e6], activation_bytes=131072,
                               compute_s=[0.03, 0.03], stash_bytes=[1 << 20] * 2, memory_budget=None)
     geo = simulate(S.build("geopipe", 2, m, geo_plan), costs)
     assert far.iteration_s > base.iteration_s + (m - 2) * 2 * d * 0.8      # ~ an extra RTT per steady step
@@ -74,7 +74,7 @@ def test_jit_receive_costs_a_round_trip_and_geopipe_hides_it() -> None:
 
 def test_memory_budget_bounds_geopipe_and_says_so() -> None:
     stash = 1 << 20
-    plan = S.geopipe_plan(2, 16, link_delay_s=[0.02], link_rate_Bps=[125e6], activation_bytes=131072,
+    plan = S.size_geopipe(2, 16, link_delay_s=[0.02], link_bytes_per_s=[125e6], activation_bytes=131072,
                           compute_s=[0.03, 0.03], stash_bytes=[stash, stash], memory_budget=3 * stash)
     assert plan.extra_inflight[0] == 1 and plan.bound[0] == "memory budget" and plan.wanted_extra[0] > 1
     pred = simulate(S.build("geopipe", 2, 16, plan), _costs(0.02))

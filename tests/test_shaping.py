@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import BACKEND_PARAMS, REPO, run_cli
 
-from testbed import lifecycle
-from testbed.linkcheck import THROUGHPUT_RUNS, check_delays, check_drops, check_throughput
+from testbed.check.links import THROUGHPUT_RUNS, check_delays, check_drops, check_throughput
+from testbed.deploy import lifecycle
 from testbed.shaping.htb import change_rate, read_class_rate
 from testbed.shaping.registry import shaper_for
 
@@ -179,7 +179,7 @@ def test_sigterm_releases_held_packets(tmp_path: Path) -> None:
 def test_delayline_passes_the_vm_tier_topology(unique_name: str) -> None:
     """The topology the netem shaper is verified on under the stock kernel (tests/test_vm.py), here with the
     delay line: same verification code, same tolerances."""
-    from testbed.verify import verify_testbed
+    from testbed.check.verify import verify_testbed
 
     topo = str(REPO / "tests" / "fixtures" / "topologies" / "2dc-vm.yaml")
     run_cli("up", topo, "--name", unique_name, "--shaper", "delayline", "--verify", "skip")
@@ -200,14 +200,14 @@ def test_delay_below_the_daemon_floor_uses_the_native_path_and_says_so(unique_na
     try:
         assert "native path" in up.stderr
         backend = lifecycle.open_backend(unique_name)
-        assert sorted(backend.state.extra["shaper"]["native"]) == ["dc-a -> dc-b", "dc-b -> dc-a"]
+        assert sorted(backend.state.shaper.native) == ["dc-a -> dc-b", "dc-b -> dc-a"]
         rules = backend.exec("dc-b-rtr", ["iptables", "-t", "raw", "-S", "PREROUTING"], capture_output=True,
                              text=True).stdout
         assert "NFQUEUE" not in rules
         assert "native path" in run_cli("status", unique_name).stdout
         run_cli("link", "set", "dc-a", "dc-b", "--name", unique_name, "--delay", "3ms")
         backend = lifecycle.open_backend(unique_name)
-        assert backend.state.extra["shaper"]["native"] == []
+        assert backend.state.shaper.native == []
         delays = _by_subject(check_delays(backend, probes=8))
         assert abs(_delay_ms(delays["dc-a--dc-b dc-a -> dc-b"]) - 3.0) < 0.15
     finally:

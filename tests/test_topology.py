@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.paths import shipped_topologies
 from testbed.topology import TopologyError, load_topology, parse_topology
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
+from testbed.util.paths import shipped_topologies
 
 BAD = sorted((Path(__file__).parent / "fixtures" / "bad").glob("*.yaml"))
 

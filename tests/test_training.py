@@ -27,7 +27,7 @@ from workloads.transport import LocalHub, LocalTransport  # noqa: E402
 CFG = GPTConfig(n_layer=4, n_embd=64, n_head=4, block_size=32)
 
 
-def _pipeline_grads(name: str, stages: int, m: int, mbs: int, geo: S.GeoPlan | None = None):
+def _pipeline_grads(name: str, stages: int, m: int, mbs: int, geo: S.GeoPipeSizing | None = None):
     x, y = batches(m * mbs, CFG.block_size, seed=7).next()
     xs, ys = list(x.chunk(m)), list(y.chunk(m))
     modules = build_stages(CFG, stages)
@@ -58,7 +58,7 @@ def test_pipeline_gradients_equal_single_process_reference(name: str, stages: in
     m, mbs = 6, 2
     geo = None
     if name == "geopipe":
-        geo = S.geopipe_plan(stages, m, link_delay_s=[0.005] * (stages - 1), link_rate_Bps=[1.25e8] * (stages - 1),
+        geo = S.size_geopipe(stages, m, link_delay_s=[0.005] * (stages - 1), link_bytes_per_s=[1.25e8] * (stages - 1),
                              activation_bytes=mbs * CFG.block_size * CFG.n_embd * 4, compute_s=[0.001] * stages,
                              stash_bytes=[1] * stages, memory_budget=None)
     modules, xs, ys = _pipeline_grads(name, stages, m, mbs, geo)

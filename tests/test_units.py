@@ -1,6 +1,6 @@
 import pytest
 
-from testbed import units
+from testbed.util import units
 
 
 @pytest.mark.parametrize(("text", "bps"), [("10gbit", 10e9), ("400G", 400e9), ("100mbit", 100e6),

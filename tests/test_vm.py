@@ -13,12 +13,12 @@ import subprocess
 import pytest
 from conftest import REPO, netns_with_prefix, run_cli
 
-from testbed import lifecycle
 from testbed.backends import ovs
+from testbed.backends.vm import in_vm
+from testbed.check.verify import verify_testbed
+from testbed.deploy import lifecycle
 from testbed.shaping.htb import read_qdiscs
 from testbed.shaping.registry import shaper_for
-from testbed.verify import verify_testbed
-from testbed.vm import in_vm
 
 pytestmark = [pytest.mark.vm, pytest.mark.skipif(not in_vm(), reason="runs inside the stock-kernel VM (make vm-test)")]
 
@@ -60,11 +60,11 @@ def test_mininet_backend_on_the_ovs_kernel_datapath(unique_name: str) -> None:
     run_cli("up", TOPO, "--name", unique_name, "--backend", "mininet", "--verify", "skip", timeout=600)
     try:
         backend = lifecycle.open_backend(unique_name)
-        info = backend.state.extra["mininet"]
-        assert info["switch"] == "ovs" and info["ovs_private"]
+        info = backend.state.mininet
+        assert info.switch == "ovs" and info.ovs_private
         datapaths = subprocess.run(["ovs-dpctl", "show"], capture_output=True, text=True, check=True).stdout
-        for sw in info["switches"]:
-            assert all(port in datapaths for port in sw["ports"].values()), datapaths
+        for sw in info.switches:
+            assert all(port in datapaths for port in sw.ports.values()), datapaths
         report = verify_testbed(backend, level="quick", probes=20)
         assert report.ok, [c for c in report.checks if not c.ok]
     finally:
@@ -94,10 +94,10 @@ def test_mininet_backend_beside_the_systems_ovs(unique_name: str, tmp_path) -> N
                 timeout=600)
         try:
             backend = lifecycle.open_backend(unique_name)
-            info = backend.state.extra["mininet"]
-            assert info["switch"] == "ovs" and not info["ovs_private"] and not info["creates_datapath"]
+            info = backend.state.mininet
+            assert info.switch == "ovs" and not info.ovs_private and not info.creates_datapath
             assert not [p for p in backend.state.processes if p.role.startswith("ovs")], backend.state.processes
-            ours = {sw["name"] for sw in info["switches"]}
+            ours = {sw.name for sw in info.switches}
             assert set(_vsctl("list-br").split()) == ours | {"userbr0"}
             report = verify_testbed(backend, level="quick", probes=20)
             assert report.ok, [c for c in report.checks if not c.ok]

@@ -13,21 +13,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from workloads.records import Span
 from workloads.schedule import Action, Op
 from workloads.transport import Transport, Work
 
 
 def tag_of(direction: str, mb: int) -> int:
     return 2 * mb + (0 if direction == "F" else 1)
-
-
-@dataclass(slots=True)
-class Span:
-    kind: str
-    """F, B (compute), wait-F / wait-B (blocked on a receive), wait-send (end of iteration)."""
-    mb: int
-    start: float
-    end: float
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class Op(StrEnum):
@@ -48,9 +49,8 @@ Schedule = list[list[Action]]
 
 SCHEDULES = ("gpipe", "1f1b", "geopipe")
 SLACK_MICROBATCHES = 2
-"""GeoPipe keeps two micro-batches more in flight than the mean times require, to absorb compute jitter
-(measured at 1000 km, 64 micro-batches, 2 cores: with none stage 0 waited ~10 ms per gradient; with one,
-bursts of 10 ms waits remained and geopipe's bubble was 0.09; with two, 0.079, for one more stash of memory)."""
+"""Micro-batches GeoPipe keeps in flight beyond what the mean compute time requires, to absorb compute
+jitter (a constant: see the README on how it was chosen and what that means for the headline)."""
 
 
 def _fwd(stage: int, stages: int, mb: int, recv: bool = True) -> list[Action]:
@@ -93,7 +93,7 @@ def one_f_one_b(stages: int, microbatches: int) -> Schedule:
 
 
 @dataclass(frozen=True, slots=True)
-class GeoPlan:
+class GeoPipeSizing:
     """How GeoPipe sized each stage: extra in-flight micro-batches and receive look-ahead, and what bound them."""
 
     extra_inflight: tuple[int, ...]
@@ -103,15 +103,19 @@ class GeoPlan:
     bound: tuple[str, ...]
     """Per stage: 'hidden' (enough to hide the link), 'memory budget', 'micro-batches', or 'no link'."""
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GeoPipeSizing:
+        return cls(**{key: tuple(value) for key, value in data.items()})
 
-def geopipe_plan(stages: int, microbatches: int, *, link_delay_s: list[float], link_rate_Bps: list[float],
+
+def size_geopipe(stages: int, microbatches: int, *, link_delay_s: list[float], link_bytes_per_s: list[float],
                  activation_bytes: int, compute_s: list[float], stash_bytes: list[int],
-                 memory_budget: int | None) -> GeoPlan:
+                 memory_budget: int | None) -> GeoPipeSizing:
     """Extra in-flight micro-batches per stage so that compute continues while data crosses the next link.
 
     The link after stage s carries i's activation forward and its gradient back: one round trip plus two
     transfers, during which stage s can run one forward+backward (compute_s) per extra micro-batch.
-    `link_delay_s[s]` / `link_rate_Bps[s]` describe the link between stage s and s+1 (0 delay: same DC; the
+    `link_delay_s[s]` / `link_bytes_per_s[s]` describe the link between stage s and s+1 (0 delay: same DC; the
     transfers and the receiver-driven hand-shake still take time there, so the slack micro-batch applies).
     Each in-flight micro-batch costs `stash_bytes[s]` of memory (HBM); the budget caps each stage's total.
     """
@@ -120,7 +124,7 @@ def geopipe_plan(stages: int, microbatches: int, *, link_delay_s: list[float], l
         if s == stages - 1:
             want = 0
         else:
-            cover = 2 * link_delay_s[s] + 2 * activation_bytes / link_rate_Bps[s]
+            cover = 2 * link_delay_s[s] + 2 * activation_bytes / link_bytes_per_s[s]
             want = math.ceil(cover / max(compute_s[s], 1e-6)) + SLACK_MICROBATCHES
         base = stages - 1 - s
         room = microbatches - min(base, microbatches)
@@ -136,17 +140,17 @@ def geopipe_plan(stages: int, microbatches: int, *, link_delay_s: list[float], l
         look.append(min(microbatches, base + k + 2))
         wanted.append(want)
         bound.append(reason)
-    return GeoPlan(tuple(extra), tuple(look), tuple(wanted), tuple(bound))
+    return GeoPipeSizing(tuple(extra), tuple(look), tuple(wanted), tuple(bound))
 
 
-def geopipe(stages: int, microbatches: int, plan: GeoPlan) -> Schedule:
+def geopipe(stages: int, microbatches: int, plan: GeoPipeSizing) -> Schedule:
     """1F1B with cross-DC-aware overlap: every receive posted ahead of need (the activation look-ahead and
     each gradient right after its activation leaves), and extra warm-up forwards on the stage before a
     long link so that it computes while activations and gradients cross."""
     return [_geopipe_rank(s, stages, microbatches, plan) for s in range(stages)]
 
 
-def _geopipe_rank(s: int, stages: int, microbatches: int, plan: GeoPlan) -> list[Action]:
+def _geopipe_rank(s: int, stages: int, microbatches: int, plan: GeoPipeSizing) -> list[Action]:
     warmup = min(stages - 1 - s + plan.extra_inflight[s], microbatches)
     ahead = min(plan.recv_lookahead[s], microbatches) if s > 0 else 0
     acts: list[Action] = [Action(Op.RECV_F, mb) for mb in range(ahead)]
@@ -209,7 +213,7 @@ def validate(schedule: Schedule, microbatches: int) -> None:
                     raise ScheduleError(f"rank {s}: {send.value}{mb} has no receiver")
 
 
-def build(name: str, stages: int, microbatches: int, geo: GeoPlan | None = None) -> Schedule:
+def build(name: str, stages: int, microbatches: int, geo: GeoPipeSizing | None = None) -> Schedule:
     """A named schedule, validated."""
     if name == "gpipe":
         schedule = gpipe(stages, microbatches)
@@ -217,7 +221,7 @@ def build(name: str, stages: int, microbatches: int, geo: GeoPlan | None = None)
         schedule = one_f_one_b(stages, microbatches)
     elif name == "geopipe":
         if geo is None:
-            raise ValueError("geopipe needs a GeoPlan (see geopipe_plan)")
+            raise ValueError("geopipe needs a GeoPipeSizing (see size_geopipe)")
         schedule = geopipe(stages, microbatches, geo)
     else:
         raise ValueError(f"unknown schedule {name!r}; choose one of: {', '.join(SCHEDULES)}")

@@ -25,7 +25,7 @@ class Costs:
     backward_s: list[float]
     link_delay_s: list[float]
     """Per link between stage s and s+1 (len = stages - 1)."""
-    link_rate_Bps: list[float]
+    link_bytes_per_s: list[float]
     activation_bytes: int
     stash_bytes: int
     """Memory a stage holds per micro-batch between its F and B (in-flight activation)."""
@@ -79,7 +79,7 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
             if key not in posted:
                 return
             link = link_of(direction, dst)
-            d, rate = costs.link_delay_s[link], costs.link_rate_Bps[link]
+            d, rate = costs.link_delay_s[link], costs.link_bytes_per_s[link]
             ready = max(sent[key], posted[key] + d)
             start = max(ready, link_free.get((direction, dst), 0.0))
             link_free[(direction, dst)] = start + costs.activation_bytes / rate

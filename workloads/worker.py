@@ -12,35 +12,10 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-@dataclass(kw_only=True, slots=True)
-class WorkerConfig:
-    rank: int
-    world: int
-    master_addr: str
-    master_port: int
-    schedule: str
-    """gpipe | 1f1b | geopipe | torch-1f1b | torch-gpipe (PyTorch's own schedules, the reference)."""
-    microbatches: int = 8
-    microbatch_size: int = 4
-    iterations: int = 4
-    """Timed iterations, after one warm-up iteration."""
-    model: dict[str, Any] = field(default_factory=dict)
-    split: list[int] | None = None
-    link_delay_s: list[float] = field(default_factory=list)
-    """Configured one-way delay between stage s and s+1 (0 within a DC)."""
-    link_rate_bps: list[float] = field(default_factory=list)
-    memory_budget: int | None = None
-    """Bytes of in-flight activations per stage (geopipe)."""
-    lr: float = 3e-3
-    seed: int = 1234
-    out_dir: str = "."
-    cpu: int | None = None
-    timeout_s: float = 120.0
+from workloads.records import IterationRecord, RankTrace, WorkerConfig
 
 
 def log(event: str, **fields: Any) -> None:
@@ -48,7 +23,7 @@ def log(event: str, **fields: Any) -> None:
 
 
 def main(config_path: str) -> int:
-    cfg = WorkerConfig(**json.loads(Path(config_path).read_text()))
+    cfg = WorkerConfig.from_json(json.loads(Path(config_path).read_text()))
     if cfg.cpu is not None:
         os.sched_setaffinity(0, {cfg.cpu})
     import torch
@@ -65,7 +40,7 @@ def main(config_path: str) -> int:
         result = run(cfg, model_cfg)
     finally:
         dist.destroy_process_group()
-    Path(cfg.out_dir, f"rank-{cfg.rank}.json").write_text(json.dumps(result))
+    Path(cfg.out_dir, f"rank-{cfg.rank}.json").write_text(json.dumps(result.to_json()))
     log("done", rank=cfg.rank)
     return 0
 
@@ -76,7 +51,7 @@ def _data(cfg: WorkerConfig, model_cfg: Any) -> Any:
     return batches(cfg.microbatches * cfg.microbatch_size, model_cfg.block_size, cfg.seed)
 
 
-def run_ours(cfg: WorkerConfig, model_cfg: Any) -> dict[str, Any]:
+def run_ours(cfg: WorkerConfig, model_cfg: Any) -> RankTrace:
     import torch
     import torch.distributed as dist
 
@@ -105,30 +80,29 @@ def run_ours(cfg: WorkerConfig, model_cfg: Any) -> dict[str, Any]:
         t0 = time.monotonic()
         optimizer.step()
         opt_s = time.monotonic() - t0
-        record = {"iteration": it, "warmup": it == 0, "start": trace.start, "end": trace.end,
-                  "spans": [asdict(s) for s in trace.spans], "memory": _thin(trace.memory),
-                  "peak_inflight_bytes": trace.peak_inflight_bytes, "loss": trace.loss, "optimizer_s": opt_s,
-                  "compute_s": trace.compute_s, "wait_s": trace.wait_s,
-                  "forward_s": trace.mean_compute("F"), "backward_s": trace.mean_compute("B"),
-                  "stash_bytes": max(trace.stash_bytes) if trace.stash_bytes else 0}
+        record = IterationRecord(
+            iteration=it, warmup=it == 0, start=trace.start, end=trace.end, spans=trace.spans,
+            memory=_thin(trace.memory), peak_inflight_bytes=trace.peak_inflight_bytes, loss=trace.loss,
+            optimizer_s=opt_s, compute_s=trace.compute_s, wait_s=trace.wait_s, forward_s=trace.mean_compute("F"),
+            backward_s=trace.mean_compute("B"), stash_bytes=max(trace.stash_bytes) if trace.stash_bytes else 0)
         iterations.append(record)
         log("iteration", rank=cfg.rank, iteration=it, seconds=trace.end - trace.start, loss=trace.loss)
         if it == 0 and cfg.schedule == "geopipe":
             measured = [None] * cfg.world
-            dist.all_gather_object(measured, {"compute_s": record["forward_s"] + record["backward_s"],
-                                              "stash_bytes": record["stash_bytes"]})
+            dist.all_gather_object(measured, {"compute_s": (record.forward_s or 0.0) + (record.backward_s or 0.0),
+                                              "stash_bytes": record.stash_bytes or 0})
             act_bytes = executor.act_bytes
-            geo = S.geopipe_plan(cfg.world, cfg.microbatches, link_delay_s=cfg.link_delay_s,
-                                 link_rate_Bps=[r / 8 for r in cfg.link_rate_bps], activation_bytes=act_bytes,
+            geo = S.size_geopipe(cfg.world, cfg.microbatches, link_delay_s=cfg.link_delay_s,
+                                 link_bytes_per_s=[r / 8 for r in cfg.link_rate_bps], activation_bytes=act_bytes,
                                  compute_s=[m["compute_s"] for m in measured],
                                  stash_bytes=[m["stash_bytes"] for m in measured], memory_budget=cfg.memory_budget)
             schedule = S.build("geopipe", cfg.world, cfg.microbatches, geo)
-    return {"config": asdict(cfg), "schedule": cfg.schedule, "rank": cfg.rank, "iterations": iterations,
-            "actions": [str(a) for a in schedule[cfg.rank]], "geo_plan": asdict(geo) if geo else None,
-            "activation_bytes": executor.act_bytes, "transport": transport.name}
+    return RankTrace(config=cfg, schedule=cfg.schedule, rank=cfg.rank, iterations=iterations,
+                     actions=[str(a) for a in schedule[cfg.rank]], geopipe_sizing=geo,
+                     activation_bytes=executor.act_bytes, transport=transport.name)
 
 
-def run_torch_reference(cfg: WorkerConfig, model_cfg: Any) -> dict[str, Any]:
+def run_torch_reference(cfg: WorkerConfig, model_cfg: Any) -> RankTrace:
     """PyTorch's own torch.distributed.pipelining schedule on the same model, timed the same way."""
     import torch
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -159,11 +133,10 @@ def run_torch_reference(cfg: WorkerConfig, model_cfg: Any) -> dict[str, Any]:
         end = time.monotonic()
         optimizer.step()
         loss = float(sum(v.item() for v in losses) / len(losses)) if losses else None
-        iterations.append({"iteration": it, "warmup": it == 0, "start": start, "end": end, "spans": [],
-                           "memory": [], "peak_inflight_bytes": None, "loss": loss, "compute_s": None})
+        iterations.append(IterationRecord(iteration=it, warmup=it == 0, start=start, end=end, loss=loss))
         log("iteration", rank=cfg.rank, iteration=it, seconds=end - start, loss=loss)
-    return {"config": asdict(cfg), "schedule": cfg.schedule, "rank": cfg.rank, "iterations": iterations,
-            "actions": [], "geo_plan": None, "activation_bytes": None, "transport": transport.name}
+    return RankTrace(config=cfg, schedule=cfg.schedule, rank=cfg.rank, iterations=iterations,
+                     transport=transport.name)
 
 
 def _thin(points: list[tuple[float, int]], keep: int = 400) -> list[tuple[float, int]]:

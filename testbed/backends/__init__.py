@@ -1,24 +1,6 @@
-"""Backends, picked by name from a plain registry."""
+"""Backends: make a plan real (netns, Mininet), run commands on its nodes, remove exactly what was made.
 
-from __future__ import annotations
-
-from testbed.backends.base import Backend, BackendError
-from testbed.backends.mininet import MininetBackend
-from testbed.backends.netns import NetnsBackend
-from testbed.state import TestbedState
-
-BACKENDS: dict[str, type[Backend]] = {
-    NetnsBackend.name: NetnsBackend,
-    MininetBackend.name: MininetBackend,
-}
-
-
-def backend_for(state: TestbedState) -> Backend:
-    """The backend that built (or will build) this testbed."""
-    try:
-        return BACKENDS[state.backend](state)
-    except KeyError:
-        raise BackendError(f"unknown backend {state.backend!r}; choose one of: {', '.join(BACKENDS)}") from None
-
-
-__all__ = ["BACKENDS", "Backend", "BackendError", "backend_for"]
+Also owns the kernel's namespace plumbing (`nsfs`), what the kernel can do (`capabilities`), private Open
+vSwitch daemons and the stock-kernel tier under QEMU (`vm`). The registry of backends is `registry`.
+May import: util, topology, plan, state.
+"""

@@ -12,7 +12,7 @@ from pyroute2 import IPRoute
 
 from testbed.backends import nsfs
 from testbed.plan.model import Plan
-from testbed.state import TestbedState
+from testbed.state.store import TestbedState
 
 
 class BackendError(RuntimeError):

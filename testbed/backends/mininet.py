@@ -11,7 +11,6 @@ The switches (LinuxBridge or Open vSwitch) live in the root namespace under reco
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import subprocess
 from collections.abc import Iterator
@@ -23,9 +22,10 @@ from pyroute2.netlink.exceptions import NetlinkError
 from testbed.backends import mininet_net, nsfs, ovs
 from testbed.backends.base import BackendError, FabricPort
 from testbed.backends.namespaces import NamespaceBackend
-from testbed.plan.builder import FABRIC_MTU
+from testbed.plan.builder import FABRIC_MTU, HOST_IFNAME
 from testbed.plan.model import Node, Plan
-from testbed.state import ProcessRecord, process_start_ticks
+from testbed.state.records import MininetRecord, ProcessRecord, SwitchLayout
+from testbed.state.store import list_states
 
 SHELL_ROLE = "mininet-shell"
 
@@ -59,17 +59,16 @@ class MininetBackend(NamespaceBackend):
     name = "mininet"
 
     @property
-    def info(self) -> dict[str, Any]:
-        return self.state.extra.setdefault("mininet", {})
-
-    def switches(self) -> list[mininet_net.SwitchLayout]:
-        return [mininet_net.SwitchLayout(**sw) for sw in self.info.get("switches", [])]
+    def info(self) -> MininetRecord:
+        if self.state.mininet is None:
+            self.state.mininet = MininetRecord()
+        return self.state.mininet
 
     def deploy(self, plan: Plan) -> None:
         mininet = mininet_net.import_mininet()
         self.check_names_free(plan.netns_names())
         switches = mininet_net.layout(plan)
-        kind, why = resolve_switch(self.info.get("switch_requested", "auto"))
+        kind, why = resolve_switch(self.info.switch_requested)
         if private_ovs(kind):
             _refuse_second_private_daemon(plan.testbed, kind)
         root_names = _root_names(switches)
@@ -80,10 +79,11 @@ class MininetBackend(NamespaceBackend):
             raise BackendError(f"interface {taken[0]} already exists in the root namespace (a testbed named "
                                f"{plan.testbed!r} left behind?); run 'testbed down {plan.testbed}' or pick another --name")
         self.state.netns = plan.netns_names()
-        self.state.plan = plan.to_json()
-        self.info.update(switch=kind, switch_reason=why, version=mininet.net.VERSION, ovs_private=private_ovs(kind),
-                         creates_datapath=private_ovs(kind) and not datapath_existed,
-                         switches=[dataclasses.asdict(sw) for sw in switches], root_interfaces=root_names)
+        self.state.plan = plan
+        self.state.mininet = MininetRecord(
+            switch_requested=self.info.switch_requested, switch=kind, switch_reason=why, version=mininet.net.VERSION,
+            ovs_private=private_ovs(kind), creates_datapath=private_ovs(kind) and not datapath_existed,
+            switches=switches, root_interfaces=root_names)
         self.state.save()
         net = None
         try:
@@ -107,36 +107,36 @@ class MininetBackend(NamespaceBackend):
         self.state.save()
 
     def destroy(self) -> None:
-        if self.info.get("ovs_private"):
-            ovs.stop_private(self.state.files_dir / "ovs", [sw.name for sw in self.switches()])
-        elif self.info.get("switch") == "ovs":
-            for sw in self.switches():
+        info = self.info
+        if info.ovs_private:
+            ovs.stop_private(self.state.files_dir / "ovs", [sw.name for sw in info.switches])
+        elif info.switch == "ovs":
+            for sw in info.switches:
                 subprocess.run(["ovs-vsctl", "-t", "5", "--if-exists", "del-br", sw.name], capture_output=True,
                                env=ovs.system_env())
         self.remove_namespaces()
-        made = [ovs.DATAPATH_DEVICE[self.info["switch"]]] if self.info.get("creates_datapath") else []
+        made = [ovs.DATAPATH_DEVICE[info.switch]] if info.creates_datapath else []
         if made:
-            ovs.delete_datapath(self.info["switch"])
-        _delete_root_links(self.info.get("root_interfaces", []) + made)
+            ovs.delete_datapath(info.switch)
+        _delete_root_links(info.root_interfaces + made)
         self.state.delete()
 
     def fabric_ports(self) -> list[FabricPort]:
         """Each host's eth0 and each switch port that delivers to a host (in the root namespace)."""
-        roles = {n["name"]: n["role"] for n in self.state.plan.get("nodes", [])}
-        ports = [FabricPort(name, "eth0", n["dc"]) for n in self.state.plan.get("nodes", [])
-                 if (name := n["name"]) and n["role"] == "host"]
-        for sw in self.switches():
-            ports += [FabricPort(None, port, sw.dc) for node, port in sw.ports.items() if roles[node] == "host"]
+        plan = self.state.plan
+        ports = [FabricPort(n.name, HOST_IFNAME, n.dc) for n in plan.hosts]
+        for sw in self.info.switches:
+            ports += [FabricPort(None, port, sw.dc) for node, port in sw.ports.items() if plan.node(node).role == "host"]
         return ports
 
     def ovs_env(self) -> dict[str, str]:
         """OVS_* variables for tools that talk to this testbed's private Open vSwitch (none for the system's)."""
-        return ovs.private_env(self.state.files_dir / "ovs") if self.info.get("ovs_private") else {}
+        return ovs.private_env(self.state.files_dir / "ovs") if self.info.ovs_private else {}
 
     @contextlib.contextmanager
     def _ovs_environment(self, kind: str) -> Iterator[None]:
         """Start a private OVS if this kind needs one and point Mininet's ovs-vsctl calls at it while building."""
-        if not self.info.get("ovs_private"):
+        if not self.info.ovs_private:
             yield
             return
         ovs.start_private(self.state.files_dir / "ovs", self._record)
@@ -156,23 +156,21 @@ class MininetBackend(NamespaceBackend):
         self.state.save()
 
     def _record_shell(self, node: str, pid: int) -> None:
-        self._record(ProcessRecord(pid=pid, start_ticks=process_start_ticks(pid) or 0, role=SHELL_ROLE, node=node))
+        self._record(ProcessRecord.of(pid, SHELL_ROLE, node))
 
 
 def _refuse_second_private_daemon(testbed: str, kind: str) -> None:
     """Two ovs-vswitchd must not drive one datapath (its device, ovs-system or ovs-netdev, is machine-wide):
     one private daemon per datapath type at a time."""
-    from testbed.state import list_states
-
     for other in list_states():
-        info = other.extra.get("mininet", {})
-        if other.name != testbed and info.get("switch") == kind and info.get("ovs_private"):
+        info = other.mininet
+        if other.name != testbed and info is not None and info.switch == kind and info.ovs_private:
             raise BackendError(f"testbed {other.name!r} runs its own ovs-vswitchd with the {kind} datapath and "
                                f"two cannot share its {ovs.DATAPATH_DEVICE[kind]} device: use another --switch, "
                                "start the system's Open vSwitch, or bring that testbed down")
 
 
-def _root_names(switches: list[mininet_net.SwitchLayout]) -> list[str]:
+def _root_names(switches: list[SwitchLayout]) -> list[str]:
     return [p for sw in switches for p in sw.ports.values()] + [sw.name for sw in switches]
 
 

@@ -8,6 +8,7 @@ DC bridge is inside the router, so there are no switch objects).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import string
 import subprocess
@@ -17,6 +18,8 @@ from typing import Any
 
 from testbed.backends import mininet_net, nsfs
 from testbed.backends.base import Backend
+from testbed.plan.model import Plan
+from testbed.state.records import SwitchLayout
 
 
 def _classes() -> dict[str, type]:
@@ -72,24 +75,26 @@ def attached(backend: Backend) -> Iterator[Any]:
     setLogLevel("error")      # Mininet's bridge-netfilter warnings do not apply: our bridges have nf_call off
     cls = _classes()
     plan = backend.state.plan
-    info = backend.state.extra.get("mininet", {})
+    info = backend.state.mininet
     saved_env = dict(os.environ)
     os.environ.update(getattr(backend, "ovs_env", dict)())
     net = mininet.net.Mininet(topo=None, controller=None, build=False, autoSetMacs=False, waitConnected=False)
     try:
-        for node in plan["nodes"]:
-            net.addHost(node["name"], cls=cls["router"] if node["role"] == "router" else cls["host"], ip=None,
-                        netns_path=backend.netns_path(node["name"]))
-        addresses = {(n["name"], i["name"]): i["address"] for n in plan["nodes"] for i in n["interfaces"]}
-        if not info.get("switches"):     # netns: the DC bridge is the router's own interface, its default one
-            for node in (n for n in plan["nodes"] if n["role"] == "router"):
-                bridge = Intf(node["bridge"], node=net[node["name"]], moveIntfFn=lambda *_a: None)
-                _set_address(bridge, addresses[(node["name"], node["bridge"])])
-        for a, a_if, b, b_if in _links(plan, info):
+        for node in plan.nodes:
+            net.addHost(node.name, cls=cls["router"] if node.role == "router" else cls["host"], ip=None,
+                        netns_path=backend.netns_path(node.name))
+        addresses = {(n.name, i.name): i.address for n in plan.nodes for i in n.interfaces}
+        switches = {sw.name: sw for sw in info.switches} if info else {}
+        if not switches:     # netns: the DC bridge is the router's own interface, its default one
+            for node in plan.routers:
+                assert node.bridge is not None
+                bridge = Intf(node.bridge, node=net[node.name], moveIntfFn=lambda *_a: None)
+                _set_address(bridge, addresses[(node.name, node.bridge)])
+        for a, a_if, b, b_if in _links(plan, list(switches.values())):
             if b not in net:
-                switch_cls, params = mininet_net.switch_class(info["switch"])
-                sw = next(s for s in info["switches"] if s["name"] == b)
-                net.addSwitch(b, cls=switch_cls, dpid=sw["dpid"], **params)
+                assert info is not None
+                switch_cls, params = mininet_net.switch_class(info.switch)
+                net.addSwitch(b, cls=switch_cls, dpid=switches[b].dpid, **params)
             link = net.addLink(a, b, cls=cls["link"], intfName1=a_if, intfName2=b_if)
             for intf, node_name, ifname in ((link.intf1, a, a_if), (link.intf2, b, b_if)):
                 if addresses.get((node_name, ifname)):
@@ -107,9 +112,9 @@ def attached(backend: Backend) -> Iterator[Any]:
         os.environ.update(saved_env)
 
 
-def _set_address(intf: Any, address: str) -> None:
+def _set_address(intf: Any, address: ipaddress.IPv4Interface) -> None:
     """Tell Mininet's Intf the address it already has (no ifconfig)."""
-    intf.ip, intf.prefixLen = address.split("/")[0], int(address.split("/")[1])
+    intf.ip, intf.prefixLen = str(address.ip), address.network.prefixlen
 
 
 def run_cli(backend: Backend, script: str | None = None) -> None:
@@ -119,17 +124,12 @@ def run_cli(backend: Backend, script: str | None = None) -> None:
         cls(net, script=script)
 
 
-def _links(plan: dict[str, Any], info: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+def _links(plan: Plan, switches: list[SwitchLayout]) -> list[tuple[str, str, str, str]]:
     """(node, ifname, peer, peer ifname) of every link: fabric links (to a switch or the router), then OTN."""
     links = []
-    if info.get("switches"):
-        nodes = {n["name"]: n for n in plan["nodes"]}
-        for sw in info["switches"]:
-            for node, port in sw["ports"].items():
-                links.append((node, nodes[node]["bridge"] if nodes[node]["role"] == "router" else "eth0",
-                              sw["name"], port))
-    else:
-        links += [(v["a_node"], v["a_ifname"], v["b_node"], v["b_ifname"]) for v in plan["veths"]
-                  if v["kind"] == "fabric"]
-    links += [(v["a_node"], v["a_ifname"], v["b_node"], v["b_ifname"]) for v in plan["veths"] if v["kind"] == "otn"]
+    for sw in switches:
+        for node, port in sw.ports.items():
+            links.append((node, mininet_net.fabric_ifname(plan.node(node)), sw.name, port))
+    kinds = ("otn",) if switches else ("fabric", "otn")
+    links += [(v.a_node, v.a_ifname, v.b_node, v.b_ifname) for kind in kinds for v in plan.veths if v.kind == kind]
     return links

@@ -10,25 +10,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.backends.base import BackendError
 from testbed.plan.model import Node, Plan
+from testbed.state.records import SwitchLayout
 
 IFNAMSIZ = 15
 SWITCH_KINDS = ("auto", "linuxbridge", "ovs", "ovs-user")
-
-
-@dataclass(frozen=True, slots=True)
-class SwitchLayout:
-    """One DC fabric switch and its ports, as named in the root namespace."""
-
-    dc: str
-    name: str
-    dpid: str
-    ports: dict[str, str] = field(default_factory=dict)
-    """Node name -> switch-side interface of that node's fabric link."""
 
 
 def layout(plan: Plan) -> list[SwitchLayout]:
@@ -119,9 +108,13 @@ def build_network(plan: Plan, switches: list[SwitchLayout], kind: str,
     return net
 
 
-def _fabric_interface(node: Node) -> Any:
+def fabric_ifname(node: Node) -> str:
     """The interface that joins a node to its DC fabric (a host's eth0, a router's `fabric`)."""
-    name = node.bridge if node.role == "router" else node.interfaces[0].name
+    return node.bridge if node.role == "router" and node.bridge else node.interfaces[0].name
+
+
+def _fabric_interface(node: Node) -> Any:
+    name = fabric_ifname(node)
     return next(i for i in node.interfaces if i.name == name)
 
 

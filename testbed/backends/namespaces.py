@@ -10,9 +10,10 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from testbed import procs
 from testbed.backends import nsfs
 from testbed.backends.base import Backend, BackendError
+from testbed.state.records import terminate_records
+from testbed.util import procs
 
 
 class NamespaceBackend(Backend):
@@ -29,10 +30,10 @@ class NamespaceBackend(Backend):
         return nsfs.path_of(self.netns_of(node))
 
     def netns_of(self, node: str) -> str:
-        for item in self.state.plan.get("nodes", []):
-            if item["name"] == node:
-                return str(item["netns"])
-        known = ", ".join(n["name"] for n in self.state.plan.get("nodes", []))
+        plan = self.state.plan
+        if plan.has_node(node):
+            return plan.node(node).netns
+        known = ", ".join(n.name for n in plan.nodes)
         raise BackendError(f"no node {node!r} in testbed {self.state.name!r}; nodes: {known}")
 
     def check_names_free(self, names: Sequence[str]) -> None:
@@ -45,7 +46,7 @@ class NamespaceBackend(Backend):
         """Stop every recorded process and every process inside the namespaces, then remove the namespaces."""
         self.state.phase = "destroying"
         inodes = [ino for ino in (nsfs.inode(ns) for ns in self.state.netns) if ino is not None]
-        procs.terminate_records(self.state.processes)
+        terminate_records(self.state.processes)
         procs.terminate(procs.pids_in_netns(inodes))
         failures = []
         for ns in self.state.netns:

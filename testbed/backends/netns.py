@@ -22,7 +22,7 @@ class NetnsBackend(NamespaceBackend):
     def deploy(self, plan: Plan) -> None:
         self.check_names_free(plan.netns_names())
         self.state.netns = plan.netns_names()
-        self.state.plan = plan.to_json()
+        self.state.plan = plan
         self.state.save()
         sockets: dict[str, IPRoute] = {}
         try:
@@ -56,9 +56,9 @@ class NetnsBackend(NamespaceBackend):
     def fabric_ports(self) -> list[FabricPort]:
         """Each host's eth0 and each router bridge port (the router's side of a host's veth)."""
         ports = []
-        for node in self.state.plan.get("nodes", []):
-            names = node["bridge_ports"] if node["role"] == "router" else [i["name"] for i in node["interfaces"]]
-            ports += [FabricPort(node["name"], name, node["dc"]) for name in names]
+        for node in self.state.plan.nodes:
+            names = node.bridge_ports if node.role == "router" else tuple(i.name for i in node.interfaces)
+            ports += [FabricPort(node.name, name, node.dc) for name in names]
         return ports
 
 

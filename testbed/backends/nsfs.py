@@ -42,13 +42,6 @@ def exists(name: str) -> bool:
     return os.path.exists(path_of(name))
 
 
-def list_names() -> list[str]:
-    try:
-        return sorted(os.listdir(NETNS_RUN_DIR))
-    except FileNotFoundError:
-        return []
-
-
 def _ensure_run_dir() -> None:
     """Make /run/netns a shared mount point, as iproute2 does, so mounts propagate to other mount namespaces."""
     os.makedirs(NETNS_RUN_DIR, mode=0o755, exist_ok=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from testbed.backends.base import BackendError
-from testbed.state import ProcessRecord, process_start_ticks
+from testbed.state.records import ProcessRecord
 
 SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 SYSTEM_RUNDIR = Path("/var/run/openvswitch")
@@ -98,7 +98,7 @@ def delete_datapath(kind: str) -> None:
 def _spawn(argv: list[str], env: dict[str, str], role: str, record: Callable[[ProcessRecord], None]) -> None:
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    record(ProcessRecord(pid=proc.pid, start_ticks=process_start_ticks(proc.pid) or 0, role=role))
+    record(ProcessRecord.of(proc.pid, role))
 
 
 def _wait_for(path: Path, what: str, rundir: Path) -> None:

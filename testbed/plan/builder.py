@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 
-from testbed.plan.model import Interface, LinkShape, Node, Plan, Route, Veth
+from testbed.plan.model import Interface, LinkDirection, Node, Plan, Route, Veth
 from testbed.plan.routing import path_delay, path_rate, shortest_paths
-from testbed.topology.loader import ROUTER_SUFFIX
-from testbed.topology.model import Topology
+from testbed.topology.model import Topology, router_name
 
 NETNS_PREFIX = "tb"
 HOST_IFNAME = "eth0"
@@ -33,10 +33,6 @@ ROUTER_SYSCTLS = (
 def netns_name(testbed: str, node: str) -> str:
     """The namespace of a node: `tb-<testbed>-<node>`."""
     return f"{NETNS_PREFIX}-{testbed}-{node}"
-
-
-def router_name(dc: str) -> str:
-    return f"{dc}{ROUTER_SUFFIX}"
 
 
 def dc_subnet(topology: Topology, dc_index: int) -> ipaddress.IPv4Network:
@@ -86,7 +82,7 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
         nodes.append(Node(name=rtr, dc=dc.name, role="router", netns=netns_name(name, rtr),
                           interfaces=tuple(interfaces), routes=routes, sysctls=COMMON_SYSCTLS + ROUTER_SYSCTLS,
                           bridge=BRIDGE_IFNAME, bridge_ports=ports))
-    shapes: list[LinkShape] = []
+    directions: list[LinkDirection] = []
     total_hosts = len(topology.hosts)
     for link in topology.links:
         veths.append(Veth("otn", router_name(link.a), otn_ifname(link.index), router_name(link.b),
@@ -95,7 +91,7 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
         for src, dst in ((link.a, link.b), (link.b, link.a)):
             d = link.direction(src)
             wire = link.mtu + ETH_OVERHEAD
-            shapes.append(LinkShape(
+            directions.append(LinkDirection(
                 link=link.name, src_dc=src, dst_dc=dst,
                 src_node=router_name(src), src_ifname=otn_ifname(link.index),
                 dst_node=router_name(dst), dst_ifname=otn_ifname(link.index),
@@ -106,9 +102,8 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
     notes = tuple(f"{lk.name}: emulated at 1:{1 / lk.scale:g} of the real {lk.real_rate_bps / 1e9:g} Gbit/s"
                   for lk in topology.links if lk.scale is not None and lk.real_rate_bps)
     return Plan(testbed=name, topology=topology.name, source=topology.source, nodes=tuple(nodes),
-                veths=tuple(veths), shapes=tuple(shapes), tcp_buffer_bytes=tcp_buffer, paths=paths, notes=notes,
-                fabrics={dc.name: {"rate_bps": dc.fabric.rate_bps, "latency_s": dc.fabric.latency_s}
-                         for dc in topology.datacenters})
+                veths=tuple(veths), directions=tuple(directions), tcp_buffer_bytes=tcp_buffer, paths=paths, notes=notes,
+                fabrics={dc.name: dc.fabric for dc in topology.datacenters})
 
 
 def delay_queue_packets(rate_bps: float, delay_s: float, jitter_s: float, mtu: int) -> int:
@@ -116,17 +111,15 @@ def delay_queue_packets(rate_bps: float, delay_s: float, jitter_s: float, mtu: i
     return max(MIN_QUEUE_PACKETS, math.ceil(2 * rate_bps * (delay_s + jitter_s) / 8 / (mtu + ETH_OVERHEAD)))
 
 
-def reshape(shape: LinkShape, *, delay_s: float | None = None, rate_bps: float | None = None,
-            jitter_s: float | None = None, loss: float | None = None) -> LinkShape:
+def reshape(direction: LinkDirection, *, delay_s: float | None = None, rate_bps: float | None = None,
+            jitter_s: float | None = None, loss: float | None = None) -> LinkDirection:
     """A direction with new values (run-time change); queues are re-sized, lossless links refuse loss."""
-    import dataclasses
-
+    d = direction
     new = dataclasses.replace(
-        shape, delay_s=shape.delay_s if delay_s is None else delay_s,
-        rate_bps=shape.rate_bps if rate_bps is None else rate_bps,
-        jitter_s=shape.jitter_s if jitter_s is None else jitter_s, loss=shape.loss if loss is None else loss)
+        d, delay_s=d.delay_s if delay_s is None else delay_s, rate_bps=d.rate_bps if rate_bps is None else rate_bps,
+        jitter_s=d.jitter_s if jitter_s is None else jitter_s, loss=d.loss if loss is None else loss)
     if new.lossless and new.loss:
-        raise ValueError(f"{shape.link} is lossless: it cannot take loss {new.loss:g} (set lossless: false in the "
+        raise ValueError(f"{d.link} is lossless: it cannot take loss {new.loss:g} (set lossless: false in the "
                          "topology file for fault experiments)")
     if new.jitter_s > new.delay_s:
         raise ValueError(f"jitter {new.jitter_s:g} s exceeds the delay {new.delay_s:g} s")

@@ -43,10 +43,6 @@ class LatencySample:
         q = statistics.quantiles(self.values_s, n=4)
         return q[2] - q[0]
 
-    @property
-    def min_s(self) -> float:
-        return min(self.values_s) if self.values_s else float("nan")
-
 
 def _spin_recv(sock: socket.socket, deadline: float, accept: object) -> float | None:
     while True:

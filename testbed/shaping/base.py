@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.backends.base import Backend
-from testbed.plan.model import LinkShape, Plan
+from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb
+from testbed.state.records import ShaperRecord
 
 
 class ShaperError(RuntimeError):
@@ -46,17 +47,6 @@ class Health:
         return not self.problems
 
 
-def field_of(shape: LinkShape | dict[str, Any], key: str) -> Any:
-    """A LinkShape's field, whether it is the dataclass or its JSON form from the state file."""
-    return shape[key] if isinstance(shape, dict) else getattr(shape, key)
-
-
-def direction_label(shape: LinkShape | dict[str, Any]) -> str:
-    if isinstance(shape, dict):
-        return f"{shape['src_dc']} -> {shape['dst_dc']}"
-    return f"{shape.src_dc} -> {shape.dst_dc}"
-
-
 class Shaper(ABC):
     """Installs and inspects link emulation on a deployed testbed. All state it needs is in `backend.state`."""
 
@@ -69,8 +59,19 @@ class Shaper(ABC):
     def apply(self, plan: Plan) -> None:
         """Shape every OTN direction (and DC fabric rates) of the plan."""
 
+    @property
+    def record(self) -> ShaperRecord:
+        """What this shaper installed, kept in the testbed's state file."""
+        if self.backend.state.shaper is None or self.backend.state.shaper.name != self.name:
+            self.backend.state.shaper = ShaperRecord(name=self.name)
+        return self.backend.state.shaper
+
+    @property
+    def directions(self) -> tuple[LinkDirection, ...]:
+        return self.backend.state.plan.directions
+
     @abstractmethod
-    def set_direction(self, shape: LinkShape) -> None:
+    def set_direction(self, direction: LinkDirection) -> None:
         """Change one direction at run time (new delay/rate/jitter/loss), without tearing anything down."""
 
     @abstractmethod
@@ -83,28 +84,25 @@ class Shaper(ABC):
 
     def apply_fabric(self, plan: Plan) -> None:
         """HTB at the DC fabric rate on every egress towards or from a host (any rate: no 1 Gbit ceiling)."""
-        queue = max([s.rate_queue_packets for s in plan.shapes] + [1000])
+        queue = max([d.rate_queue_packets for d in plan.directions] + [1000])
         for port in self.backend.fabric_ports():
             with self.backend.netlink(port.node) as ipr:
-                htb.apply_rate(ipr, htb.RateSpec(port.node or "root", port.ifname, self._fabric_rate(port.dc), queue))
+                htb.apply_rate(ipr, htb.RateSpec(port.node or "root", port.ifname, plan.fabric_rate_bps(port.dc),
+                                                 queue))
 
-    def _fabric_rate(self, dc: str) -> float:
-        fabrics = self.backend.state.plan.get("fabrics", {})
-        return float(fabrics.get(dc, {}).get("rate_bps", 10e9))
-
-    def qdisc_drops(self, shape: dict[str, Any]) -> int:
-        with self.backend.netlink(shape["src_node"]) as ipr:
-            return sum(q.drops for q in htb.read_qdiscs(ipr, shape["src_ifname"]))
+    def qdisc_drops(self, direction: LinkDirection) -> int:
+        with self.backend.netlink(direction.src_node) as ipr:
+            return sum(q.drops for q in htb.read_qdiscs(ipr, direction.src_ifname))
 
     def qdisc_problems(self) -> list[str]:
         """Each OTN egress must still carry our HTB class at the planned rate."""
         problems = []
-        for shape in self.backend.state.plan.get("shapes", []):
-            with self.backend.netlink(shape["src_node"]) as ipr:
-                rate = htb.read_class_rate(ipr, shape["src_ifname"])
+        for d in self.directions:
+            with self.backend.netlink(d.src_node) as ipr:
+                rate = htb.read_class_rate(ipr, d.src_ifname)
             if rate is None:
-                problems.append(f"{direction_label(shape)}: HTB rate class missing on "
-                                f"{shape['src_node']}:{shape['src_ifname']} (deleted behind the testbed's back?)")
-            elif abs(rate - shape["rate_bps"]) > 0.01 * shape["rate_bps"]:
-                problems.append(f"{direction_label(shape)}: HTB rate is {rate:g} bit/s, planned {shape['rate_bps']:g}")
+                problems.append(f"{d.label}: HTB rate class missing on {d.src_node}:{d.src_ifname} "
+                                "(deleted behind the testbed's back?)")
+            elif abs(rate - d.rate_bps) > 0.01 * d.rate_bps:
+                problems.append(f"{d.label}: HTB rate is {rate:g} bit/s, planned {d.rate_bps:g}")
         return problems

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from testbed.backends import nsfs
-from testbed.plan.model import LinkShape, Plan
+from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb, nfqueue
-from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError, direction_label, field_of
+from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError
 from testbed.shaping.calibrate import CALIBRATION_HOLD_S, base_one_way
-from testbed.state import ProcessRecord, process_start_ticks
+from testbed.state.records import DaemonFiles, ProcessRecord
 
 READY_TIMEOUT_S = 60.0
 WAKEUP_FLOOR_S = 150e-6
@@ -45,76 +45,69 @@ class DelaylineShaper(Shaper):
     name = "delayline"
 
     # -- files of this testbed's daemons ---------------------------------------------------------
-    def _dir(self) -> Path:
-        path = self.backend.state.files_dir
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def _files(self, node: str) -> tuple[Path, Path, Path]:
-        d = self._dir()
-        return d / f"delayline-{node}.json", d / f"delayline-{node}.stats.json", d / f"delayline-{node}.log"
+    def _files(self, node: str) -> DaemonFiles:
+        d = self.backend.state.files_dir
+        d.mkdir(parents=True, exist_ok=True)
+        return DaemonFiles(config=str(d / f"delayline-{node}.json"), stats=str(d / f"delayline-{node}.stats.json"),
+                           log=str(d / f"delayline-{node}.log"))
 
     # -- apply ------------------------------------------------------------------------------------
     def apply(self, plan: Plan) -> None:
         if not _iptables():
             raise ShaperError("the delayline shaper needs iptables with the NFQUEUE target (apt-get install iptables)")
-        for shape in plan.shapes:
-            with self.backend.netlink(shape.src_node) as ipr:
-                htb.apply_rate(ipr, htb.RateSpec(shape.src_node, shape.src_ifname, shape.rate_bps,
-                                                 shape.rate_queue_packets))
+        for d in plan.directions:
+            with self.backend.netlink(d.src_node) as ipr:
+                htb.apply_rate(ipr, htb.RateSpec(d.src_node, d.src_ifname, d.rate_bps, d.rate_queue_packets))
         self.apply_fabric(plan)
-        extra: dict[str, Any] = {"name": self.name, "calibration_s": {}, "daemons": {}}
-        self.backend.state.extra["shaper"] = extra
-        incoming: dict[str, list[LinkShape]] = defaultdict(list)
-        for shape in plan.shapes:
-            incoming[shape.dst_node].append(shape)
-        hold = {direction_label(s): s.delay_s - CALIBRATION_HOLD_S for s in plan.shapes}
-        for node, shapes in incoming.items():
-            config, stats, log = self._files(node)
-            self._write_config(config, [self._queue_config(s, hold) for s in shapes], generation=0)
-            stats.unlink(missing_ok=True)
-            self._start_daemon(node, config, stats, log)
-            extra["daemons"][node] = {"config": str(config), "stats": str(stats), "log": str(log)}
+        record = self.record
+        incoming: dict[str, list[LinkDirection]] = defaultdict(list)
+        for d in plan.directions:
+            incoming[d.dst_node].append(d)
+        hold = {d.label: d.delay_s - CALIBRATION_HOLD_S for d in plan.directions}
+        for node, directions in incoming.items():
+            files = self._files(node)
+            self._write_config(Path(files.config), [self._queue_config(d, hold) for d in directions], generation=0)
+            Path(files.stats).unlink(missing_ok=True)
+            self._start_daemon(node, files)
+            record.daemons[node] = files
             self.backend.state.save()
-            for shape in shapes:
-                self._iptables(node, iptables_rule(shape.dst_ifname))
-        calibration = base_one_way(self.backend, installed_hold_s=CALIBRATION_HOLD_S)
-        extra["calibration_s"] = calibration
-        extra["native"] = []
-        extra["warnings"] = []
-        for s in plan.shapes:
-            self._place_stage(s)
+            for d in directions:
+                self._iptables(node, iptables_rule(d.dst_ifname))
+        record.calibration_s = base_one_way(self.backend, installed_hold_s=CALIBRATION_HOLD_S)
+        record.native, record.warnings = [], []
+        for d in plan.directions:
+            self._place_stage(d)
         self.backend.state.save()
-        for node, shapes in incoming.items():
-            config = Path(extra["daemons"][node]["config"])
-            self._write_config(config, [self._queue_config(s, calibration) for s in shapes], generation=1)
+        for node, directions in incoming.items():
+            config = Path(record.daemons[node].config)
+            self._write_config(config, [self._queue_config(d, record.calibration_s) for d in directions], generation=1)
             self._reload(node, generation=1)
 
-    def _place_stage(self, shape: LinkShape) -> None:
-        """Delay stage or native path for one direction, with a warning that names what was done.
+    def _place_stage(self, direction: LinkDirection) -> None:
+        """A hold on the delay line, or the native path, for one direction, with a warning that names which.
 
         A hold shorter than the daemon's wake-up cannot be timed; when the asked delay is nearer the emulator's
-        own path latency than the shortest hold plus that latency, the direction gets no delay stage and its
-        path itself delivers the delay ('native path'); verify measures it like any other."""
-        extra = self.backend.state.extra["shaper"]
-        label = direction_label(shape)
-        path = extra["calibration_s"][label]
-        native = shape.delay_s < path + WAKEUP_FLOOR_S / 2
-        was_native = label in extra["native"]
+        own path latency than the shortest hold plus that latency, the direction gets no hold and its path
+        itself delivers the delay ('native path'); verify measures it like any other."""
+        record = self.record
+        label = direction.label
+        path = record.calibration_s[label]
+        native = direction.delay_s < path + WAKEUP_FLOOR_S / 2
+        was_native = label in record.native
         if native and not was_native:
-            self._iptables(shape.dst_node, iptables_rule(shape.dst_ifname, "-D"))
-            extra["native"].append(label)
+            self._iptables(direction.dst_node, iptables_rule(direction.dst_ifname, "-D"))
+            record.native.append(label)
         elif was_native and not native:
-            self._iptables(shape.dst_node, iptables_rule(shape.dst_ifname))
-            extra["native"].remove(label)
-        extra["warnings"] = [w for w in extra["warnings"] if not w.startswith(label + ":")]
+            self._iptables(direction.dst_node, iptables_rule(direction.dst_ifname))
+            record.native.remove(label)
+        record.warnings = [w for w in record.warnings if not w.startswith(label + ":")]
         if native:
-            extra["warnings"].append(
-                f"{label}: {shape.delay_s * 1e3:g} ms asked; the emulator's own path takes {path * 1e6:.0f} us one "
+            record.warnings.append(
+                f"{label}: {direction.delay_s * 1e3:g} ms asked; the emulator's own path takes {path * 1e6:.0f} us one "
                 "way, so this direction has no delay stage (native path); verify shows what it delivers")
-        elif shape.delay_s < path + WAKEUP_FLOOR_S:
-            extra["warnings"].append(
-                f"{label}: {shape.delay_s * 1e3:g} ms asked, below what the delay line delivers here "
+        elif direction.delay_s < path + WAKEUP_FLOOR_S:
+            record.warnings.append(
+                f"{label}: {direction.delay_s * 1e3:g} ms asked, below what the delay line delivers here "
                 f"(~{(path + WAKEUP_FLOOR_S) * 1e3:.2f} ms: path {path * 1e6:.0f} us + daemon wake-up); "
                 "verify shows the real figure; netem (a stock kernel) goes lower")
 
@@ -139,23 +132,21 @@ class DelaylineShaper(Shaper):
         raise ShaperError(f"delay daemon on {node} did not take its new configuration")
 
     @staticmethod
-    def _queue_config(shape: LinkShape | dict[str, Any], subtract: dict[str, float]) -> dict[str, Any]:
-        """Daemon config of one direction: hold for the planned delay minus `subtract[direction]`."""
-        def get(key: str) -> Any:
-            return field_of(shape, key)
+    def _queue_config(direction: LinkDirection, subtract: dict[str, float]) -> dict[str, Any]:
+        """Daemon config of one direction (the daemon's JSON): hold for the planned delay minus `subtract`."""
+        base = subtract.get(direction.label, 0.0)
+        return {"queue": queue_number(direction.dst_ifname), "ifname": direction.dst_ifname,
+                "delay_s": max(0.0, direction.delay_s - base), "jitter_s": direction.jitter_s, "loss": direction.loss,
+                "maxlen": direction.delay_queue_packets}
 
-        base = subtract.get(direction_label(shape), 0.0)
-        return {"queue": queue_number(get("dst_ifname")), "ifname": get("dst_ifname"),
-                "delay_s": max(0.0, get("delay_s") - base), "jitter_s": get("jitter_s"), "loss": get("loss"),
-                "maxlen": get("delay_queue_packets")}
-
-    def _start_daemon(self, node: str, config: Path, stats: Path, log: Path) -> None:
+    def _start_daemon(self, node: str, files: DaemonFiles) -> None:
+        log, stats = Path(files.log), Path(files.stats)
         with open(log, "ab") as logf:
-            proc = self.backend.popen(node, [sys.executable, "-m", "testbed.shaping.delayline", str(config), str(stats)],
+            proc = self.backend.popen(node, [sys.executable, "-m", "testbed.shaping.delayline", files.config,
+                                             files.stats],
                                       stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True, env={**os.environ, "PYTHONPATH": _package_root()})
-        ticks = process_start_ticks(proc.pid) or 0
-        self.backend.state.processes.append(ProcessRecord(proc.pid, ticks, "delayline", node))
+        self.backend.state.processes.append(ProcessRecord.of(proc.pid, "delayline", node))
         self.backend.state.save()
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -173,18 +164,18 @@ class DelaylineShaper(Shaper):
             raise ShaperError(f"iptables on {node} refused {' '.join(rule)}: {result.stderr.strip()}")
 
     # -- run-time change --------------------------------------------------------------------------
-    def set_direction(self, shape: LinkShape) -> None:
-        with self.backend.netlink(shape.src_node) as ipr:
-            htb.change_rate(ipr, shape.src_ifname, shape.rate_bps)
-        extra = self.backend.state.extra["shaper"]
-        config_path = Path(extra["daemons"][shape.dst_node]["config"])
+    def set_direction(self, direction: LinkDirection) -> None:
+        with self.backend.netlink(direction.src_node) as ipr:
+            htb.change_rate(ipr, direction.src_ifname, direction.rate_bps)
+        record = self.record
+        config_path = Path(record.daemons[direction.dst_node].config)
         config = json.loads(config_path.read_text())
-        new = self._queue_config(shape, extra["calibration_s"])
+        new = self._queue_config(direction, record.calibration_s)
         queues = [new if q["queue"] == new["queue"] else q for q in config["queues"]]
         generation = int(config.get("generation", 0)) + 1
         self._write_config(config_path, queues, generation)
-        self._reload(shape.dst_node, generation)
-        self._place_stage(shape)
+        self._reload(direction.dst_node, generation)
+        self._place_stage(direction)
         self.backend.state.save()
 
     def _daemon(self, node: str) -> ProcessRecord | None:
@@ -192,42 +183,41 @@ class DelaylineShaper(Shaper):
 
     # -- inspection -------------------------------------------------------------------------------
     def daemon_stats(self, node: str) -> dict[str, Any] | None:
-        info = self.backend.state.extra.get("shaper", {}).get("daemons", {}).get(node)
-        if not info:
+        """The daemon's own statistics file (written by `testbed.shaping.delayline`), None while it has none."""
+        files = self.record.daemons.get(node)
+        if not files:
             return None
         try:
-            return dict(json.loads(Path(info["stats"]).read_text()))
+            return dict(json.loads(Path(files.stats).read_text()))
         except (FileNotFoundError, json.JSONDecodeError):
             return None
 
     def health(self) -> Health:
         report = Health()
         report.problems += self.qdisc_problems()
-        daemons = self.backend.state.extra.get("shaper", {}).get("daemons", {})
-        for node, info in daemons.items():
+        daemons = self.record.daemons
+        for node, files in daemons.items():
             record = self._daemon(node)
             if record is None or not record.alive():
                 report.problems.append(f"delay daemon on {node} is dead: packets into {node} over OTN are dropped "
-                                       f"(no listener); see {info['log']}")
+                                       f"(no listener); see {files.log}")
                 continue
-            stats_path = Path(info["stats"])
+            stats_path = Path(files.stats)
             if stats_path.exists() and time.time() - stats_path.stat().st_mtime > STATS_STALE_S:
                 report.problems.append(f"delay daemon on {node} stopped reporting (stats older than {STATS_STALE_S} s)")
         rules = self._installed_rules()
-        native = self.backend.state.extra.get("shaper", {}).get("native", [])
-        for shape in self.backend.state.plan.get("shapes", []):
-            if direction_label(shape) in native:
+        for d in self.directions:
+            if d.label in self.record.native:
                 continue
-            want = " ".join(iptables_rule(shape["dst_ifname"])[2:])
-            if want not in rules.get(shape["dst_node"], ""):
-                report.problems.append(f"{direction_label(shape)}: NFQUEUE rule missing on {shape['dst_node']} "
-                                       f"({want})")
+            want = " ".join(iptables_rule(d.dst_ifname)[2:])
+            if want not in rules.get(d.dst_node, ""):
+                report.problems.append(f"{d.label}: NFQUEUE rule missing on {d.dst_node} ({want})")
         report.details["daemons"] = {node: self.daemon_stats(node) for node in daemons}
         return report
 
     def _installed_rules(self) -> dict[str, str]:
         rules = {}
-        for node in {s["dst_node"] for s in self.backend.state.plan.get("shapes", [])}:
+        for node in {d.dst_node for d in self.directions}:
             out = self.backend.exec(node, [_iptables() or "iptables", "-w", "-t", "raw", "-S", "PREROUTING"],
                                     capture_output=True, text=True)
             rules[node] = out.stdout
@@ -236,20 +226,19 @@ class DelaylineShaper(Shaper):
     def drops(self) -> list[DirectionDrops]:
         result = []
         counters: dict[str, dict[int, nfqueue.QueueCounters]] = {}
-        for shape in self.backend.state.plan.get("shapes", []):
-            node = shape["dst_node"]
-            if node not in counters:
-                with nsfs.entered(self.backend.netns_path(node)):
+        for d in self.directions:
+            if d.dst_node not in counters:
+                with nsfs.entered(self.backend.netns_path(d.dst_node)):
                     try:
                         text = Path("/proc/thread-self/net/netfilter/nfnetlink_queue").read_text()
                     except FileNotFoundError:
                         text = ""
-                counters[node] = nfqueue.parse_proc(text)
-            qnum = queue_number(shape["dst_ifname"])
-            q = counters[node].get(qnum)
-            stats = (self.daemon_stats(node) or {}).get("queues", {}).get(str(qnum), {})
+                counters[d.dst_node] = nfqueue.parse_proc(text)
+            qnum = queue_number(d.dst_ifname)
+            q = counters[d.dst_node].get(qnum)
+            stats = (self.daemon_stats(d.dst_node) or {}).get("queues", {}).get(str(qnum), {})
             result.append(DirectionDrops(
-                link=shape["link"], direction=direction_label(shape), qdisc_drops=self.qdisc_drops(shape),
+                link=d.link, direction=d.label, qdisc_drops=self.qdisc_drops(d),
                 queue_drops=(q.dropped + q.user_dropped) if q else 0,
                 daemon_gaps=int(stats.get("id_gaps", 0)), random_drops=int(stats.get("random_drops", 0))))
         return result

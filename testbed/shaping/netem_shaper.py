@@ -5,23 +5,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from testbed.plan.model import LinkShape, Plan
+from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb
-from testbed.shaping.base import DirectionDrops, Health, Shaper, direction_label, field_of
+from testbed.shaping.base import DirectionDrops, Health, Shaper
 from testbed.shaping.calibrate import CALIBRATION_HOLD_S, base_one_way
 
 
-def netem_options(shape: LinkShape | dict[str, Any], base_s: float) -> dict[str, Any]:
+def netem_options(direction: LinkDirection, base_s: float) -> dict[str, Any]:
     """pyroute2 netem options: delay and jitter in microseconds, loss in percent."""
-    def get(key: str) -> Any:
-        return field_of(shape, key)
-
-    opts: dict[str, Any] = {"delay": int(round(max(0.0, get("delay_s") - base_s) * 1e6))}
-    if get("jitter_s"):
-        opts["jitter"] = int(round(get("jitter_s") * 1e6))
-    if get("loss"):
-        opts["loss"] = get("loss") * 100
+    opts: dict[str, Any] = {"delay": int(round(max(0.0, direction.delay_s - base_s) * 1e6))}
+    if direction.jitter_s:
+        opts["jitter"] = int(round(direction.jitter_s * 1e6))
+    if direction.loss:
+        opts["loss"] = direction.loss * 100
     return opts
+
+
+def netem_limit(direction: LinkDirection) -> int:
+    """netem holds both the rate limiter's backlog and the packets in flight over the delay."""
+    return direction.rate_queue_packets + direction.delay_queue_packets
 
 
 class NetemShaper(Shaper):
@@ -29,42 +31,32 @@ class NetemShaper(Shaper):
 
     def apply(self, plan: Plan) -> None:
         hold_us = int(CALIBRATION_HOLD_S * 1e6)
-        for shape in plan.shapes:      # a known hold first: calibrate the path as it will be used
-            with self.backend.netlink(shape.src_node) as ipr:
-                htb.apply_rate(ipr, htb.RateSpec(shape.src_node, shape.src_ifname, shape.rate_bps,
-                                                 self._limit(shape), leaf="netem", netem={"delay": hold_us}))
+        for d in plan.directions:      # a known hold first: calibrate the path as it will be used
+            with self.backend.netlink(d.src_node) as ipr:
+                htb.apply_rate(ipr, htb.RateSpec(d.src_node, d.src_ifname, d.rate_bps, netem_limit(d), leaf="netem",
+                                                 netem={"delay": hold_us}))
         self.apply_fabric(plan)
-        calibration = base_one_way(self.backend, installed_hold_s=CALIBRATION_HOLD_S)
-        self.backend.state.extra["shaper"] = {"name": self.name, "calibration_s": calibration}
+        self.record.calibration_s = base_one_way(self.backend, installed_hold_s=CALIBRATION_HOLD_S)
         self.backend.state.save()
-        for shape in plan.shapes:
-            self.set_direction(shape)
+        for d in plan.directions:
+            self.set_direction(d)
 
-    @staticmethod
-    def _limit(shape: LinkShape | dict[str, Any]) -> int:
-        def get(key: str) -> Any:
-            return field_of(shape, key)
-
-        return int(get("rate_queue_packets") + get("delay_queue_packets"))
-
-    def set_direction(self, shape: LinkShape) -> None:
-        base = self.backend.state.extra["shaper"]["calibration_s"].get(direction_label(shape), 0.0)
-        with self.backend.netlink(shape.src_node) as ipr:
-            index = ipr.link_lookup(ifname=shape.src_ifname)[0]
-            htb.change_rate(ipr, shape.src_ifname, shape.rate_bps)
+    def set_direction(self, direction: LinkDirection) -> None:
+        base = self.record.calibration_s.get(direction.label, 0.0)
+        with self.backend.netlink(direction.src_node) as ipr:
+            index = ipr.link_lookup(ifname=direction.src_ifname)[0]
+            htb.change_rate(ipr, direction.src_ifname, direction.rate_bps)
             ipr.tc("change", "netem", index=index, handle=htb.LEAF_HANDLE, parent=htb.CLASS_HANDLE,
-                   limit=self._limit(shape), **netem_options(shape, base))
+                   limit=netem_limit(direction), **netem_options(direction, base))
 
     def health(self) -> Health:
         report = Health(problems=self.qdisc_problems())
-        for shape in self.backend.state.plan.get("shapes", []):
-            with self.backend.netlink(shape["src_node"]) as ipr:
-                kinds = [q.kind for q in htb.read_qdiscs(ipr, shape["src_ifname"])]
+        for d in self.directions:
+            with self.backend.netlink(d.src_node) as ipr:
+                kinds = [q.kind for q in htb.read_qdiscs(ipr, d.src_ifname)]
             if "netem" not in kinds:
-                report.problems.append(f"{direction_label(shape)}: netem qdisc missing on "
-                                       f"{shape['src_node']}:{shape['src_ifname']}")
+                report.problems.append(f"{d.label}: netem qdisc missing on {d.src_node}:{d.src_ifname}")
         return report
 
     def drops(self) -> list[DirectionDrops]:
-        return [DirectionDrops(link=s["link"], direction=direction_label(s), qdisc_drops=self.qdisc_drops(s))
-                for s in self.backend.state.plan.get("shapes", [])]
+        return [DirectionDrops(link=d.link, direction=d.label, qdisc_drops=self.qdisc_drops(d)) for d in self.directions]

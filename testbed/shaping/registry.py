@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from testbed.backends.base import Backend
+from testbed.backends.capabilities import kernel_shaper
 from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError
 from testbed.shaping.delayline_shaper import DelaylineShaper
 from testbed.shaping.netem_shaper import NetemShaper
@@ -17,8 +18,6 @@ def resolve(choice: str) -> str:
         if choice not in CHOICES:
             raise ShaperError(f"unknown shaper {choice!r}; choose one of: {', '.join(CHOICES)}")
         return choice
-    from testbed.doctor import kernel_shaper
-
     shaper = kernel_shaper()
     if shaper == "none":
         raise ShaperError("no shaper works on this kernel (no netem, no NFQUEUE+HTB): delays cannot be emulated; "
@@ -28,8 +27,8 @@ def resolve(choice: str) -> str:
 
 def shaper_for(backend: Backend, name: str | None = None) -> Shaper | None:
     """The shaper a testbed uses (from its state unless named); None for `none`."""
-    name = name or backend.state.extra.get("shaper", {}).get("name")
-    if name in (None, "none"):
+    name = name or backend.state.shaper_name
+    if name == "none":
         return None
     return SHAPERS[name](backend)
 

@@ -16,9 +16,17 @@ from typing import Any
 
 import yaml
 
-from testbed import units
 from testbed.topology.errors import Problem, TopologyError
-from testbed.topology.model import FIBRE_DELAY_S_PER_KM, Datacenter, Direction, Fabric, OtnLink, Topology
+from testbed.topology.model import (
+    FIBRE_DELAY_S_PER_KM,
+    ROUTER_SUFFIX,
+    Datacenter,
+    DirectionSpec,
+    Fabric,
+    OtnLink,
+    Topology,
+)
+from testbed.util import units
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,27}$")
 NAME_RULE = "names are 1-28 characters of a-z, 0-9 and '-', starting with a letter or digit"
@@ -38,8 +46,6 @@ BUILTIN_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 DEFAULT_ADDRESS_BASE = "10.100.0.0/16"
 MAX_RATE_BPS = 100e9
-ROUTER_SUFFIX = "-rtr"
-"""Each datacenter's router node is named `<dc>-rtr`."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -316,7 +322,7 @@ def _build_link(index: int, a: str, b: str, spec: dict[str, Any], path: str, lin
 
 
 def _build_direction(merged: dict[str, Any], own: dict[str, Any], link_spec: dict[str, Any], dpath: str,
-                     lpath: str, distance: float | None, lossless: bool, check: _Checker) -> Direction | None:
+                     lpath: str, distance: float | None, lossless: bool, check: _Checker) -> DirectionSpec | None:
     def where(key: str) -> str:
         return _join(dpath, key) if key in own else _join(lpath, key)
 
@@ -347,7 +353,7 @@ def _build_direction(merged: dict[str, Any], own: dict[str, Any], link_spec: dic
         check.add(where("delay"), f"one-way delay {units.format_time(total)} is above 1 s",
                   "give a delay in ms (a 20000 km fibre is 100 ms)")
         return None
-    return Direction(delay_s=total, rate_bps=rate, jitter_s=jitter, loss=loss)
+    return DirectionSpec(delay_s=total, rate_bps=rate, jitter_s=jitter, loss=loss)
 
 
 def _check_connected(dcs: list[Datacenter], pairs: list[frozenset[str]], check: _Checker) -> None:

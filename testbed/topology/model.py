@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 FIBRE_DELAY_S_PER_KM = 5e-6
 """One-way propagation delay in optical fibre (refractive index ~1.47): 5 us per km."""
+ROUTER_SUFFIX = "-rtr"
+"""Each datacenter's router node is named `<dc>-rtr`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,8 +32,8 @@ class Datacenter:
 
 
 @dataclass(frozen=True, slots=True)
-class Direction:
-    """What one direction of an OTN link must deliver."""
+class DirectionSpec:
+    """What the topology file asks of one direction of an OTN link."""
 
     delay_s: float
     """One-way delay: propagation (from distance) or explicit, plus any extra fixed delay."""
@@ -51,8 +53,8 @@ class OtnLink:
     distance_km: float | None
     mtu: int
     lossless: bool
-    a_to_b: Direction
-    b_to_a: Direction
+    a_to_b: DirectionSpec
+    b_to_a: DirectionSpec
     real_rate_bps: float | None = None
     """The deployment's real wavelength rate, when the file scales it down to what one machine emulates."""
 
@@ -67,7 +69,7 @@ class OtnLink:
             return None
         return min(self.a_to_b.rate_bps, self.b_to_a.rate_bps) / self.real_rate_bps
 
-    def direction(self, src: str) -> Direction:
+    def direction(self, src: str) -> DirectionSpec:
         """The direction that leaves datacenter `src`."""
         if src == self.a:
             return self.a_to_b
@@ -103,3 +105,8 @@ class Topology:
 
     def links_of(self, dc: str) -> tuple[OtnLink, ...]:
         return tuple(link for link in self.links if dc in (link.a, link.b))
+
+
+def router_name(dc: str) -> str:
+    """The router node of a datacenter: `<dc>-rtr`."""
+    return f"{dc}{ROUTER_SUFFIX}"

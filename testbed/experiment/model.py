@@ -6,9 +6,9 @@ schedules (workloads/simulate.py). It is also the "what if" for distances and ra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from workloads import schedule as S
+from workloads.records import RankTrace
 from workloads.simulate import Costs, Prediction, simulate
 
 
@@ -24,34 +24,34 @@ class StageTimes:
     """Per stage, per F or B: the executor's own time between spans (neither compute nor waiting)."""
 
 
-def stage_times(ranks: list[dict[str, Any]]) -> StageTimes:
+def stage_times(ranks: list[RankTrace]) -> StageTimes:
     """Mean forward/backward span per micro-batch over steady iterations, from a run's rank traces, and the
     time each F or B costs beyond its span (iteration - compute - waits, per action)."""
     fwd, bwd, stash, dispatch = [], [], [], []
     for r in ranks:
-        its = [it for it in r["iterations"] if not it["warmup"]]
-        fwd.append(sum(it["forward_s"] for it in its) / len(its))
-        bwd.append(sum(it["backward_s"] for it in its) / len(its))
-        stash.append(max(it["stash_bytes"] for it in its))
-        actions = 2 * sum(1 for sp in its[0]["spans"] if sp["kind"] == "F")
-        idle = [(it["end"] - it["start"]) - it["compute_s"] - it["wait_s"] for it in its]
+        its = r.steady
+        fwd.append(sum(it.forward_s or 0.0 for it in its) / len(its))
+        bwd.append(sum(it.backward_s or 0.0 for it in its) / len(its))
+        stash.append(max(it.stash_bytes or 0 for it in its))
+        actions = 2 * sum(1 for sp in its[0].spans if sp.kind == "F")
+        idle = [(it.end - it.start) - (it.compute_s or 0.0) - (it.wait_s or 0.0) for it in its]
         dispatch.append(max(0.0, sum(idle) / len(idle)) / max(actions, 1))
-    return StageTimes(fwd, bwd, int(ranks[0]["activation_bytes"]), stash, dispatch)
+    return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch)
 
 
 def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: list[float],
             link_rate_bps: list[float], memory_budget: int | None = None,
-            message_overhead_s: float = 0.0) -> tuple[Prediction, S.GeoPlan | None]:
+            message_overhead_s: float = 0.0) -> tuple[Prediction, S.GeoPipeSizing | None]:
     stages = len(times.forward_s)
-    rates = [r / 8 for r in link_rate_bps]
+    bytes_per_s = [r / 8 for r in link_rate_bps]
     geo = None
     if schedule == "geopipe":
-        geo = S.geopipe_plan(stages, microbatches, link_delay_s=link_delay_s, link_rate_Bps=rates,
+        geo = S.size_geopipe(stages, microbatches, link_delay_s=link_delay_s, link_bytes_per_s=bytes_per_s,
                              activation_bytes=times.activation_bytes,
                              compute_s=[f + b for f, b in zip(times.forward_s, times.backward_s, strict=True)],
                              stash_bytes=times.stash_bytes, memory_budget=memory_budget)
     sched = S.build(schedule.removeprefix("torch-"), stages, microbatches, geo)
-    costs = Costs(times.forward_s, times.backward_s, link_delay_s, rates, times.activation_bytes,
+    costs = Costs(times.forward_s, times.backward_s, link_delay_s, bytes_per_s, times.activation_bytes,
                   max(times.stash_bytes), message_overhead_s, times.dispatch_s)
     return simulate(sched, costs), geo
 

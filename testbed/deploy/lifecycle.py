@@ -10,10 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from testbed import state as statefile
-from testbed.backends import BACKENDS, Backend, BackendError, backend_for
+from testbed.backends.base import Backend, BackendError
+from testbed.backends.registry import BACKENDS, backend_for
 from testbed.plan import Plan, build_plan
-from testbed.state import TestbedState
+from testbed.shaping.registry import SHAPERS, resolve
+from testbed.state import store as statefile
+from testbed.state.records import MininetRecord, ShaperRecord
+from testbed.state.store import TestbedState
 from testbed.topology import Topology, load_topology
 
 
@@ -50,8 +53,6 @@ def up(topology_path: Path, name: str | None = None, backend: str = "netns", sha
 
     `switch` picks Mininet's DC switch (auto, linuxbridge, ovs, ovs-user); the netns backend has none.
     """
-    from testbed.shaping.registry import SHAPERS, resolve
-
     shaper_name = resolve(shaper)
     topology: Topology = load_topology(topology_path)
     plan = build_plan(topology, name)
@@ -64,14 +65,14 @@ def up(topology_path: Path, name: str | None = None, backend: str = "netns", sha
         if statefile.exists(plan.testbed):
             raise BackendError(f"testbed {plan.testbed!r} is already up; run 'testbed down {plan.testbed}' first "
                                "or give this one another --name")
-        state = TestbedState(name=plan.testbed, backend=backend, topology_source=str(topology_path))
+        state = TestbedState(name=plan.testbed, backend=backend, topology_source=str(topology_path), plan=plan)
         if backend == "mininet":
-            state.extra["mininet"] = {"switch_requested": switch}
+            state.mininet = MininetRecord(switch_requested=switch)
         started = time.perf_counter()
         made = backend_for(state)
         made.deploy(plan)
         deployed = time.perf_counter() - started
-        state.extra["shaper"] = {"name": shaper_name}
+        state.shaper = ShaperRecord(name=shaper_name)
         state.save()
         try:
             if shaper_name in SHAPERS:
@@ -118,7 +119,7 @@ def find_node(node: str, name: str | None) -> Backend:
     """The backend of the testbed that has `node` (searching all running testbeds when no name is given)."""
     if name:
         return open_backend(name)
-    owners = [s for s in statefile.list_states() if any(n["name"] == node for n in s.plan.get("nodes", []))]
+    owners = [s for s in statefile.list_states() if s.plan.has_node(node)]
     if len(owners) == 1:
         return backend_for(owners[0])
     if not owners:

@@ -1,4 +1,5 @@
-"""Find and stop processes by PID: those inside given network namespaces, or recorded by PID + start time."""
+"""Processes by PID: start time (to detect PID reuse), liveness, those inside given network namespaces, and
+stopping them (SIGTERM, then SIGKILL). Never by name or pattern."""
 
 from __future__ import annotations
 
@@ -8,7 +9,28 @@ import signal
 import time
 from collections.abc import Iterable
 
-from testbed.state import ProcessRecord, process_is_zombie, process_start_ticks
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of a process in clock ticks since boot (field 22 of /proc/PID/stat), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def process_is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def same_process_alive(pid: int, start_ticks: int | None) -> bool:
+    """Still the process that started at `start_ticks` (PID not reused) and not a zombie."""
+    return start_ticks is not None and process_start_ticks(pid) == start_ticks and not process_is_zombie(pid)
 
 
 def pids_in_netns(inodes: Iterable[int]) -> list[int]:
@@ -36,22 +58,13 @@ def terminate(pids: Iterable[int], grace_s: float = 3.0) -> list[int]:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        targets = {p: t for p, t in targets.items() if _same_process_alive(p, t)}
+        targets = {p: t for p, t in targets.items() if same_process_alive(p, t)}
         if not targets:
             return []
         time.sleep(0.02)
     for pid in targets:
         _signal(pid, signal.SIGKILL)
     return list(targets)
-
-
-def terminate_records(records: Iterable[ProcessRecord], grace_s: float = 3.0) -> list[int]:
-    """Stop recorded processes that are still the same process (PID reuse is detected by start time)."""
-    return terminate([r.pid for r in records if r.alive()], grace_s)
-
-
-def _same_process_alive(pid: int, ticks: int | None) -> bool:
-    return process_start_ticks(pid) == ticks and not process_is_zombie(pid)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

@@ -12,82 +12,39 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import platform
 import shutil
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
-from testbed import lifecycle
 from testbed.backends.base import Backend, BackendError
-from testbed.linkset import set_link
-from testbed.paths import DEFAULT_TOPOLOGY, resolve_topology
-from testbed.predict import fit_message_overhead, predict, stage_times
+from testbed.check.verify import verify_testbed
+from testbed.deploy import lifecycle
+from testbed.deploy.linkset import set_link
+from testbed.experiment import plots, report
+from testbed.experiment.model import StageTimes, fit_message_overhead, predict, stage_times
+from testbed.experiment.records import ExperimentRecord, ExperimentSpec, ModelPrediction, Point
+from testbed.plan.model import LinkDirection
 from testbed.probe.latency import round_trip
-from testbed.runner import RunOptions, pipeline_hosts, run_experiment, stage_links
-from testbed.shaping.calibrate import otn_address
+from testbed.run.runner import RunOptions, pipeline_hosts, run_schedules, stage_links
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
-
-
-@dataclass(kw_only=True, slots=True)
-class ExperimentSpec:
-    topology: str = DEFAULT_TOPOLOGY
-    distances_km: list[float] = field(default_factory=lambda: [0, 100, 500, 1000, 2000])
-    schedules: list[str] = field(default_factory=lambda: ["gpipe", "1f1b", "geopipe"])
-    focus_km: float = 1000
-    """Distance of the repetitions, the budget sweep and the Gantt chart."""
-    repetitions: int = 3
-    budgets_stash: list[int] = field(default_factory=lambda: [2, 3, 4])
-    """Memory budgets for geopipe at the focus distance, in micro-batch stashes (measured at 0 km)."""
-    rates_mbit: list[float] = field(default_factory=list)
-    microbatch_counts: list[int] = field(default_factory=list)
-    predict_km: list[float] = field(default_factory=lambda: [5000])
-    """Model-only distances (what the machine does not emulate)."""
-    microbatches: int = 64
-    iterations: int = 4
-    memory_budget: int | None = None
-    model: dict[str, Any] = field(default_factory=dict)
-    results: str = "results"
-    backend: str = "netns"
-    switch: str = "auto"
-    """Mininet's DC switch (backend mininet only)."""
-
-
-@dataclass(slots=True)
-class Point:
-    """One run of one schedule at one setting, with the model's prediction."""
-
-    sweep: str
-    distance_km: float
-    delay_s: float
-    rate_bps: float
-    microbatches: int
-    schedule: str
-    repetition: int
-    memory_budget: int | None
-    rtt_s: float | None
-    measured: dict[str, Any]
-    predicted_bubble: float | None
-    predicted_step_s: float | None
-    geo_plan: dict[str, Any] | None
-    run_dir: str
-
-    @property
-    def bubble(self) -> float | None:
-        return self.measured.get("bubble_ratio")
+from testbed.util.paths import resolve_topology
+from workloads.records import RankTrace
 
 
 class Experiment:
+    """The whole sweep on one testbed it brings up and tears down; `run()` returns the results folder."""
+
     def __init__(self, spec: ExperimentSpec, log: Callable[[str], None] = print,
                  advance: Callable[[], None] = lambda: None) -> None:
         self.spec, self.log, self.advance = spec, log, advance
         self.id = time.strftime("%Y%m%d-%H%M%S") + "-experiment"
         self.dir = Path(spec.results) / self.id
         self.points: list[Point] = []
-        self.times = None
+        self.times: StageTimes | None = None
         self.overhead_s = 0.0
         self.started = time.monotonic()
 
@@ -107,7 +64,7 @@ class Experiment:
         try:
             backend = lifecycle.open_backend(name)
             self._verify(backend)
-            (self.dir / "plan.json").write_text(json.dumps(backend.state.plan, indent=1))
+            (self.dir / "plan.json").write_text(json.dumps(backend.state.plan.to_json(), indent=1))
             self._sweeps(backend)
         finally:
             lifecycle.down(name)
@@ -116,22 +73,21 @@ class Experiment:
         return self.dir
 
     def _verify(self, backend: Backend) -> None:
-        from testbed.verify import verify_testbed
-
         report = verify_testbed(backend, level="quick")
         bad = report.failures()
         self.log(f"verify: {len(report.checks) - len(bad)}/{len(report.checks)} checks passed")
         if bad:
             raise BackendError("the topology does not verify: " + "; ".join(f"{c.subject}: {c.measured}" for c in bad))
 
-    def _link(self, backend: Backend) -> tuple[str, str]:
-        shape = backend.state.plan["shapes"][0]
-        return shape["src_dc"], shape["dst_dc"]
+    @staticmethod
+    def _swept(backend: Backend) -> LinkDirection:
+        """The direction whose link the sweeps change (the topology's first OTN link)."""
+        return backend.state.plan.directions[0]
 
     def _sweeps(self, backend: Backend) -> None:
         s = self.spec
-        a, b = self._link(backend)
-        base_rate = backend.state.plan["shapes"][0]["rate_bps"]
+        swept = self._swept(backend)
+        a, b, base_rate = swept.src_dc, swept.dst_dc, swept.rate_bps
         for km in sorted(s.distances_km, key=lambda d: (d != 0, d)):      # 0 km first: the model's inputs
             self._set(backend, a, b, km, base_rate)
             rtt = self._rtt(backend)
@@ -161,10 +117,8 @@ class Experiment:
         set_link(backend, a, b, delay_s=km * FIBRE_DELAY_S_PER_KM, rate_bps=rate_bps)
 
     def _rtt(self, backend: Backend) -> float:
-        plan = backend.state.plan
-        shape = plan["shapes"][0]
-        sample = round_trip(backend.netns_path(shape["src_node"]), otn_address(plan, shape["dst_node"],
-                                                                              shape["dst_ifname"]), count=10)
+        swept = self._swept(backend)
+        sample = round_trip(backend.netns_path(swept.src_node), backend.state.plan.receiver_address(swept), count=10)
         return sample.median_s
 
     def _point(self, backend: Backend, sweep: str, km: float, rate_bps: float, microbatches: int, schedule: str,
@@ -177,25 +131,24 @@ class Experiment:
         elapsed = time.monotonic() - self.started
         self.log(f"[{elapsed:5.0f} s] {sweep}: {km:g} km, {rate_bps / 1e6:g} Mbit/s, m={microbatches}, {schedule}"
                  + (f", budget {budget / 2**20:.1f} MiB" if budget else "") + (f", repetition {rep + 1}" if rep else ""))
-        run_dir, summary = run_experiment(backend, options, self.dir / "runs", run_id=label, log=lambda _m: None)
-        measured = summary["schedules"][0]
+        run_dir, summary = run_schedules(backend, options, self.dir / "runs", run_id=label, log=lambda _m: None)
+        measured = summary.schedules[0]
         if self.times is None and schedule == "1f1b" and km == 0:
-            self._fit_model(backend, run_dir, measured["step_time_s"], microbatches)
+            self._fit_model(backend, run_dir, measured.step_time_s, microbatches)
         point = Point(sweep=sweep, distance_km=km, delay_s=km * FIBRE_DELAY_S_PER_KM, rate_bps=rate_bps,
                       microbatches=microbatches, schedule=schedule, repetition=rep, memory_budget=budget, rtt_s=rtt,
-                      measured=measured, predicted_bubble=None, predicted_step_s=None,
-                      geo_plan=measured.get("geo_plan"), run_dir=str(run_dir))
+                      measured=measured, predicted_bubble=None, predicted_step_s=None, run_dir=str(run_dir))
         self._predict(backend, point)
         self.points.append(point)
         self.log(f"        bubble {point.bubble:.3f}"
                  + (f" (model {point.predicted_bubble:.3f})" if point.predicted_bubble is not None else "")
-                 + f", step {measured['step_time_s']:.3f} s, loss {measured['loss_last']:.3f}")
+                 + f", step {measured.step_time_s:.3f} s, loss {measured.loss_last:.3f}")
         self.advance()
 
     def _fit_model(self, backend: Backend, run_dir: Path, step_s: float, microbatches: int) -> None:
         """Model inputs from the 0 km 1f1b run: per-micro-batch compute and stash per stage, and the one
         fitted parameter (per-message overhead) that makes the model reproduce that run's step time."""
-        ranks = [json.loads(p.read_text()) for p in sorted((run_dir / "1f1b").glob("rank-*.json"))]
+        ranks = [RankTrace.from_json(json.loads(p.read_text())) for p in sorted((run_dir / "1f1b").glob("rank-*.json"))]
         self.times = stage_times(ranks)
         links = stage_links(backend.state.plan, pipeline_hosts(backend.state.plan))   # the link is at 0 km now
         self.overhead_s = fit_message_overhead("1f1b", self.times, microbatches, [0.0] * len(links),
@@ -213,7 +166,7 @@ class Experiment:
             return
         plan = backend.state.plan
         hosts = pipeline_hosts(plan)
-        crossing = [a["dc"] != b["dc"] for a, b in zip(hosts, hosts[1:], strict=False)]
+        crossing = [a.dc != b.dc for a, b in zip(hosts, hosts[1:], strict=False)]
         fabric = [lk.rate_bps for lk in stage_links(plan, hosts)]
         delays = [point.delay_s if c else 0.0 for c in crossing]
         rates = [point.rate_bps if c else f for c, f in zip(crossing, fabric, strict=True)]
@@ -222,28 +175,24 @@ class Experiment:
         point.predicted_bubble, point.predicted_step_s = pred.mean_bubble_ratio, pred.iteration_s
 
     def _write(self, backend: Backend) -> None:
-        from testbed import plots, report
-
+        state = backend.state
         env = {"kernel": platform.release(), "python": platform.python_version(), "machine": platform.machine(),
-               "backend": backend.name, "mininet": backend.state.extra.get("mininet"),
-               "shaper": backend.state.extra.get("shaper", {}).get("name"),
-               "shaper_calibration_s": backend.state.extra.get("shaper", {}).get("calibration_s"),
-               "transport": "gloo-tcp", "versions": _versions(), "cpus": __import__("os").cpu_count(),
+               "backend": backend.name, "mininet": state.mininet.to_json() if state.mininet else None,
+               "shaper": state.shaper_name, "shaper_calibration_s": state.shaper.calibration_s if state.shaper else None,
+               "transport": "gloo-tcp", "versions": _versions(), "cpus": os.cpu_count(),
                "seconds": time.monotonic() - self.started}
         (self.dir / "environment.json").write_text(json.dumps(env, indent=1))
         predictions = []
         if self.times is not None:
-            rate = backend.state.plan["shapes"][0]["rate_bps"]
+            rate = self._swept(backend).rate_bps
             for km in self.spec.predict_km:
                 for schedule in self.spec.schedules:
                     pred, _ = predict(schedule, self.times, self.spec.microbatches, [km * FIBRE_DELAY_S_PER_KM],
                                       [rate], self.spec.memory_budget, self.overhead_s)
-                    predictions.append({"distance_km": km, "schedule": schedule, "bubble": pred.mean_bubble_ratio,
-                                        "step_s": pred.iteration_s})
-        doc = {"id": self.id, "spec": asdict(self.spec), "environment": env,
-               "points": [asdict(p) for p in self.points], "model_only": predictions,
-               "model_inputs": asdict(self.times) if self.times else None}
-        (self.dir / "summary.json").write_text(json.dumps(doc, indent=1))
+                    predictions.append(ModelPrediction(km, schedule, pred.mean_bubble_ratio, pred.iteration_s))
+        record = ExperimentRecord(id=self.id, spec=self.spec, environment=env, points=self.points,
+                                  model_only=predictions, model_inputs=self.times)
+        record.save(self.dir)
         with open(self.dir / "points.csv", "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["sweep", "distance_km", "delay_ms", "rate_mbit", "microbatches", "schedule", "repetition",
@@ -253,9 +202,9 @@ class Experiment:
                 m = p.measured
                 writer.writerow([p.sweep, p.distance_km, p.delay_s * 1e3, p.rate_bps / 1e6, p.microbatches, p.schedule,
                                  p.repetition, p.memory_budget or "", _r(p.rtt_s, 1e3), _r(p.bubble),
-                                 _r(p.predicted_bubble), _r(m["step_time_s"]), _r(p.predicted_step_s),
-                                 _r(m["tokens_per_s"]), _r(m["exposed_comm_s"]), m["peak_inflight_activation_bytes"],
-                                 _r(m["loss_last"])])
+                                 _r(p.predicted_bubble), _r(m.step_time_s), _r(p.predicted_step_s),
+                                 _r(m.tokens_per_s), _r(m.exposed_comm_s), m.peak_inflight_activation_bytes,
+                                 _r(m.loss_last)])
         plots.render_all(self.dir)
         report.write_report(self.dir)
 
@@ -272,21 +221,3 @@ def _versions() -> dict[str, str]:
         with contextlib.suppress(md.PackageNotFoundError):
             out[pkg] = md.version(pkg)
     return out
-
-
-def focus_table(doc: dict[str, Any]) -> dict[str, Any]:
-    """Bubble ratios at the focus distance over repetitions: mean, spread, reduction of geopipe vs 1f1b."""
-    focus = doc["spec"]["focus_km"]
-    by: dict[str, list[float]] = {}
-    for p in doc["points"]:
-        if p["distance_km"] == focus and p["sweep"] in ("distance", "repeat") and p["memory_budget"] == doc["spec"][
-                "memory_budget"] and p["measured"]["bubble_ratio"] is not None:
-            by.setdefault(p["schedule"], []).append(p["measured"]["bubble_ratio"])
-    result: dict[str, Any] = {"distance_km": focus, "bubbles": by}
-    if by.get("1f1b") and by.get("geopipe"):
-        pairs = list(zip(by["1f1b"], by["geopipe"], strict=False))
-        reductions = [1 - g / o for o, g in pairs]
-        result.update(reduction_mean=statistics.mean(reductions), reduction_min=min(reductions),
-                      reduction_max=max(reductions), repetitions=len(pairs))
-    return result
-

@@ -2,39 +2,38 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 from testbed.backends.base import Backend, BackendError
 from testbed.plan.builder import reshape
-from testbed.plan.model import LinkShape
+from testbed.plan.model import LinkDirection
 from testbed.shaping.registry import shaper_for
 
 
-def set_link(backend: Backend, a: str, b: str, *, from_dc: str | None = None, **values: Any) -> list[LinkShape]:
+def set_link(backend: Backend, a: str, b: str, *, from_dc: str | None = None, delay_s: float | None = None,
+             rate_bps: float | None = None, jitter_s: float | None = None,
+             loss: float | None = None) -> list[LinkDirection]:
     """Apply new values to the a<->b link (both directions, or only the one leaving `from_dc`)."""
     state = backend.state
-    shapes = [s for s in state.plan["shapes"] if {s["src_dc"], s["dst_dc"]} == {a, b}]
-    if not shapes:
-        links = ", ".join(sorted({s["link"] for s in state.plan["shapes"]}))
+    directions = [d for d in state.plan.directions if {d.src_dc, d.dst_dc} == {a, b}]
+    if not directions:
+        links = ", ".join(sorted({d.link for d in state.plan.directions}))
         raise BackendError(f"no OTN link between {a!r} and {b!r} in {state.name}; links: {links}")
     if from_dc:
-        shapes = [s for s in shapes if s["src_dc"] == from_dc]
-        if not shapes:
+        directions = [d for d in directions if d.src_dc == from_dc]
+        if not directions:
             raise BackendError(f"--from must be {a} or {b}")
-    if all(v is None for v in values.values()):
+    if delay_s is None and rate_bps is None and jitter_s is None and loss is None:
         raise BackendError("nothing to change: give a delay, rate, jitter and/or loss")
     shaper = shaper_for(backend)
     if shaper is None:
         raise BackendError(f"testbed {state.name} runs without a shaper; nothing can be changed")
     changed = []
-    for old in shapes:
+    for old in directions:
         try:
-            new = reshape(LinkShape(**old), **values)
+            new = reshape(old, delay_s=delay_s, rate_bps=rate_bps, jitter_s=jitter_s, loss=loss)
         except ValueError as exc:
             raise BackendError(str(exc)) from None
         shaper.set_direction(new)
-        state.plan["shapes"] = [dataclasses.asdict(new) if s is old else s for s in state.plan["shapes"]]
+        state.plan = state.plan.replace_direction(new)
         state.save()
         changed.append(new)
     return changed

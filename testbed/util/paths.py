@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 TOPOLOGY_DIR = REPO_ROOT / "topologies"
 DEFAULT_TOPOLOGY = "2dc-1000km"
 

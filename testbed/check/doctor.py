@@ -8,23 +8,12 @@ import importlib.util
 import os
 import platform
 import shutil
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
-
-from testbed.backends import nsfs
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """One capability: present or not, and the evidence."""
-
-    name: str
-    ok: bool
-    detail: str
+from testbed.backends.capabilities import Probe, kernel_probes, shaper_choice
+from testbed.backends.mininet import resolve_switch
+from testbed.util import table
 
 
 @dataclass(slots=True)
@@ -45,68 +34,16 @@ class DoctorReport:
     probes: list[Probe]
     decision: Decision
 
-    def probe(self, name: str) -> Probe:
-        return next(p for p in self.probes if p.name == name)
-
     def to_json(self) -> dict:
         return asdict(self)
 
-
-def _qdisc_probe(ipr: IPRoute, index: int, kind: str, **opts: object) -> Probe:
-    try:
-        ipr.tc("add", kind, index=index, handle="1:", **opts)
-        ipr.tc("del", kind, index=index, handle="1:", **opts)
-        return Probe(f"qdisc {kind}", True, "added and removed on a scratch veth")
-    except NetlinkError as exc:
-        if exc.code == 2:
-            return Probe(f"qdisc {kind}", False, f"qdisc kind unknown to this kernel (sch_{kind} not built in)")
-        return Probe(f"qdisc {kind}", False, f"kernel refused it: {exc}")
-
-
-def _kernel_probes() -> list[Probe]:
-    """Probes that need a scratch namespace (created and removed here)."""
-    scratch = f"tb-doctor-{os.getpid()}"
-    probes: list[Probe] = []
-    try:
-        nsfs.create(scratch)
-    except OSError as exc:
-        return [Probe("netns", False, f"cannot create a network namespace: {exc}")]
-    try:
-        probes.append(Probe("netns", True, "created a scratch namespace"))
-        with nsfs.entered(scratch):
-            ipr = IPRoute()
-        with ipr:
-            ipr.link("add", ifname="tbd0", kind="veth", peer="tbd1")
-            index = ipr.link_lookup(ifname="tbd0")[0]
-            probes.append(Probe("veth", True, "created a veth pair"))
-            try:
-                ipr.link("add", ifname="tbdbr", kind="bridge")
-                probes.append(Probe("bridge", True, "created a Linux bridge"))
-            except NetlinkError as exc:
-                probes.append(Probe("bridge", False, str(exc)))
-            probes.append(_qdisc_probe(ipr, index, "htb", default=0x10))
-            probes.append(_qdisc_probe(ipr, index, "tbf", rate="100mbit", burst=15000, latency="50ms"))
-            probes.append(_qdisc_probe(ipr, index, "netem", delay=5000))
-        probes.append(_nfqueue_probe(scratch))
-    finally:
-        nsfs.remove(scratch)
-    return probes
-
-
-def _nfqueue_probe(scratch: str) -> Probe:
-    iptables = shutil.which("iptables")
-    if not iptables:
-        return Probe("nfqueue", False, "iptables is not installed (apt-get install iptables)")
-    rule = ["-t", "raw", "-A", "PREROUTING", "-i", "tbd0", "-j", "NFQUEUE", "--queue-num", "1"]
-    result = subprocess.run([iptables, *rule], capture_output=True, text=True,
-                            preexec_fn=lambda: nsfs.enter_in_child(scratch))  # noqa: PLW1509
-    if result.returncode != 0:
-        return Probe("nfqueue", False, f"iptables NFQUEUE rule refused: {result.stderr.strip()}")
-    with nsfs.entered(scratch):
-        has_queue = os.path.exists("/proc/net/netfilter/nfnetlink_queue")
-    if not has_queue:
-        return Probe("nfqueue", False, "NFQUEUE target exists but nfnetlink_queue is missing")
-    return Probe("nfqueue", True, "iptables raw NFQUEUE rule inserted; nfnetlink_queue present")
+    def render(self) -> str:
+        rows = [(p.name, "yes" if p.ok else "no", p.detail) for p in self.probes]
+        d = self.decision
+        return "\n".join([f"kernel {self.kernel}, {self.cpus} CPUs",
+                          table.render(["capability", "present", "evidence"], rows),
+                          f"\nA run here uses: backend={d.backend} shaper={d.shaper} transport={d.transport} rdma={d.rdma}",
+                          *[f"  - {reason}" for reason in d.reasons]])
 
 
 def _module_available(name: str) -> bool:
@@ -164,21 +101,12 @@ def decide(probes: dict[str, Probe]) -> Decision:
     backend = "netns" if probes.get("netns", Probe("netns", False, "")).ok else "none"
     reasons.append("backend netns: namespaces work" if backend == "netns"
                    else "no backend: network namespaces unavailable (need root)")
-    if probes["qdisc netem"].ok:
-        shaper = "netem"
-        reasons.append("shaper netem: the kernel has sch_netem")
-    elif probes["nfqueue"].ok and probes["qdisc htb"].ok:
-        shaper = "delayline"
-        reasons.append("shaper delayline: no netem in this kernel; rate by HTB, delay by an NFQUEUE daemon")
-    else:
-        shaper = "none"
-        reasons.append("no shaper: neither netem nor NFQUEUE+HTB; delay cannot be emulated on this kernel")
+    shaper, why = shaper_choice(probes)
+    reasons.append(f"shaper {shaper}: {why}" if shaper != "none" else f"no shaper: {why}")
     transport = "gloo-tcp" if probes["torch"].ok else "none"
     reasons.append("transport gloo-tcp: torch installed" if probes["torch"].ok
                    else "no transport: torch is not installed (make install)")
     if probes["mininet"].ok and probes["mnexec"].ok:
-        from testbed.backends.mininet import resolve_switch
-
         switch, why = resolve_switch("auto")
         reasons.append(f"backend mininet available (--backend mininet): switch {switch}: {why}")
     else:
@@ -190,23 +118,13 @@ def decide(probes: dict[str, Probe]) -> Decision:
     return Decision(backend=backend, shaper=shaper, transport=transport, rdma=rdma, reasons=reasons)
 
 
-def kernel_shaper() -> str:
-    """Only the kernel probes: `netem`, `delayline` or `none` (what `--shaper auto` picks)."""
-    by_name = {p.name: p for p in _kernel_probes()}
-    if by_name.get("qdisc netem", Probe("", False, "")).ok:
-        return "netem"
-    if by_name.get("nfqueue", Probe("", False, "")).ok and by_name.get("qdisc htb", Probe("", False, "")).ok:
-        return "delayline"
-    return "none"
-
-
 def run_doctor() -> DoctorReport:
     """Probe everything (needs root for the kernel probes)."""
     if os.geteuid() != 0:
         kernel = [Probe("netns", False, "not root: namespaces and qdiscs cannot be probed (run as root)")]
         kernel += [Probe(n, False, "not probed (not root)") for n in ("qdisc htb", "qdisc tbf", "qdisc netem", "nfqueue")]
     else:
-        kernel = _kernel_probes()
+        kernel = kernel_probes()
     probes = kernel + _machine_probes()
     by_name = {p.name: p for p in probes}
     return DoctorReport(kernel=platform.release(), cpus=os.cpu_count() or 1, probes=probes, decision=decide(by_name))

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.paths import REPO_ROOT
+from testbed.util.paths import REPO_ROOT
 
 GUEST_MODULES = ("sch_netem", "rdma_rxe", "openvswitch")
 

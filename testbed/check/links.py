@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from testbed import units
 from testbed.backends.base import Backend
-from testbed.probe.latency import one_way, round_trip
+from testbed.check.checks import Check
+from testbed.plan.model import LinkDirection
+from testbed.probe.latency import LatencySample, one_way, round_trip
 from testbed.probe.throughput import tcp_throughput
-from testbed.shaping.base import direction_label
-from testbed.shaping.calibrate import otn_address
 from testbed.shaping.registry import Shaper
-from testbed.verify import Check
+from testbed.util import units
 
 MIN_THROUGHPUT_FRACTION = 0.93
 MAX_THROUGHPUT_FRACTION = 1.03
 THROUGHPUT_RUNS = 3
-"""At most this many iperf3 runs per direction; the first that reaches MIN_THROUGHPUT_FRACTION ends them."""
+"""At most this many iperf3 runs per direction; the first that reaches MIN_THROUGHPUT_FRACTION ends them: a
+host stall on a shared machine can dent a run, and a link that cannot carry its rate fails every run."""
 
 
 def delay_tolerance(expected_s: float, floor_s: float, spread_s: float = 0.0) -> float:
@@ -33,60 +32,54 @@ def check_delays(backend: Backend, probes: int = 10) -> list[Check]:
     """One-way delay per direction and round trip per link, timed after the ingress queue."""
     plan = backend.state.plan
     checks = []
-    by_link: dict[str, list[dict[str, Any]]] = {}
-    for shape in plan["shapes"]:
-        by_link.setdefault(shape["link"], []).append(shape)
-        addr = otn_address(plan, shape["dst_node"], shape["dst_ifname"])
-        sample = one_way(backend.netns_path(shape["src_node"]), backend.netns_path(shape["dst_node"]), addr,
-                         count=probes, timeout_s=max(1.0, 4 * shape["delay_s"] + 0.5))
-        want = shape["delay_s"]
-        tol = delay_tolerance(want, 0.1e-3, sample.iqr_s)
-        got = sample.median_s
-        ok = sample.lost == 0 and not math.isnan(got) and abs(got - want) <= tol
-        checks.append(Check("one-way", f"{shape['link']} {direction_label(shape)}",
-                            f"{units.format_time(want)} ± {units.format_time(tol)}",
-                            f"{units.format_time(got) if not math.isnan(got) else 'none'} median of {probes}"
-                            + (f", {sample.lost} lost" if sample.lost else ""), ok))
-    for link, shapes in by_link.items():
-        fwd = shapes[0]
-        want = sum(s["delay_s"] for s in shapes)
-        sample = round_trip(backend.netns_path(fwd["src_node"]), otn_address(plan, fwd["dst_node"], fwd["dst_ifname"]),
-                            count=probes, timeout_s=max(1.0, 4 * want + 0.5))
-        tol = delay_tolerance(want, 0.2e-3, sample.iqr_s)
-        got = sample.median_s
-        ok = sample.lost == 0 and not math.isnan(got) and abs(got - want) <= tol
-        checks.append(Check("rtt", f"{link} from {fwd['src_dc']}", f"{units.format_time(want)} ± {units.format_time(tol)}",
-                            f"{units.format_time(got) if not math.isnan(got) else 'none'} median of {probes}"
-                            + (f", {sample.lost} lost" if sample.lost else ""), ok))
+    by_link: dict[str, list[LinkDirection]] = {}
+    for d in plan.directions:
+        by_link.setdefault(d.link, []).append(d)
+        sample = one_way(backend.netns_path(d.src_node), backend.netns_path(d.dst_node), plan.receiver_address(d),
+                         count=probes, timeout_s=max(1.0, 4 * d.delay_s + 0.5))
+        checks.append(_delay_check("one-way", f"{d.link} {d.label}", d.delay_s, 0.1e-3, sample, probes))
+    for link, directions in by_link.items():
+        fwd = directions[0]
+        want = sum(d.delay_s for d in directions)
+        sample = round_trip(backend.netns_path(fwd.src_node), plan.receiver_address(fwd), count=probes,
+                            timeout_s=max(1.0, 4 * want + 0.5))
+        checks.append(_delay_check("rtt", f"{link} from {fwd.src_dc}", want, 0.2e-3, sample, probes))
     return checks
+
+
+def _delay_check(kind: str, subject: str, want: float, floor_s: float, sample: LatencySample, probes: int) -> Check:
+    tol = delay_tolerance(want, floor_s, sample.iqr_s)
+    got = sample.median_s
+    ok = sample.lost == 0 and not math.isnan(got) and abs(got - want) <= tol
+    return Check(kind, subject, f"{units.format_time(want)} ± {units.format_time(tol)}",
+                 f"{units.format_time(got) if not math.isnan(got) else 'none'} median of {probes}"
+                 + (f", {sample.lost} lost" if sample.lost else ""), ok)
 
 
 def check_throughput(backend: Backend, shaper: Shaper | None, seconds: float = 3.0) -> list[Check]:
     """TCP goodput per direction between the routers: >= 93 % and <= 103 % of the configured rate."""
     plan = backend.state.plan
     checks = []
-    for shape in plan["shapes"]:
-        addr = otn_address(plan, shape["dst_node"], shape["dst_ifname"])
-        cpu_before = daemon_cpu(shaper, shape["dst_node"])
-        src_cpu_before = daemon_cpu(shaper, shape["src_node"])
-        result = tcp_throughput(backend, shape["src_node"], shape["dst_node"], addr, seconds=seconds)
-        cpu = _cpu_share(shaper, shape["dst_node"], cpu_before, result.seconds + 1.0)
-        src_cpu = _cpu_share(shaper, shape["src_node"], src_cpu_before, result.seconds + 1.0)
-        fraction = result.bits_per_s / shape["rate_bps"]
+    for d in plan.directions:
+        addr = plan.receiver_address(d)
+        cpu_before = daemon_cpu(shaper, d.dst_node)
+        src_cpu_before = daemon_cpu(shaper, d.src_node)
+        result = tcp_throughput(backend, d.src_node, d.dst_node, addr, seconds=seconds)
+        cpu = _cpu_share(shaper, d.dst_node, cpu_before, result.seconds + 1.0)
+        src_cpu = _cpu_share(shaper, d.src_node, src_cpu_before, result.seconds + 1.0)
+        fraction = result.bits_per_s / d.rate_bps
         first, runs = fraction, 1
-        # Capacity check: a host stall on a shared machine can dent a run, sometimes two in a row (CI,
-        # 2026-12-03: 86 % twice where 94-96 % is usual); a link that cannot carry its rate fails every run.
         while fraction < MIN_THROUGHPUT_FRACTION and runs < THROUGHPUT_RUNS:
-            again = tcp_throughput(backend, shape["src_node"], shape["dst_node"], addr, seconds=seconds)
+            again = tcp_throughput(backend, d.src_node, d.dst_node, addr, seconds=seconds)
             runs += 1
             if again.bits_per_s > result.bits_per_s:
-                result, fraction = again, again.bits_per_s / shape["rate_bps"]
+                result, fraction = again, again.bits_per_s / d.rate_bps
         retry = f", best of {runs} (first {first:.1%})" if runs > 1 else ""
         ok = MIN_THROUGHPUT_FRACTION <= fraction <= MAX_THROUGHPUT_FRACTION
         cpu_text = "" if cpu is None else f", delay daemons {cpu:.0%} + {src_cpu:.0%} of a core"
-        checks.append(Check("throughput", f"{shape['link']} {direction_label(shape)}",
+        checks.append(Check("throughput", f"{d.link} {d.label}",
                             f"{MIN_THROUGHPUT_FRACTION:.0%}-{MAX_THROUGHPUT_FRACTION:.0%} of "
-                            f"{units.format_rate(shape['rate_bps'])}",
+                            f"{units.format_rate(d.rate_bps)}",
                             f"{units.format_rate(result.bits_per_s)} ({fraction:.1%}), "
                             f"{result.retransmits} retransmits{cpu_text}{retry}", ok))
     return checks

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import selectors
 import subprocess
 import sys
@@ -19,10 +20,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed import procs
 from testbed.backends.base import Backend
-from testbed.paths import REPO_ROOT
-from testbed.state import ProcessRecord, process_start_ticks
+from testbed.check.links import check_delays
+from testbed.plan.builder import HOST_IFNAME
+from testbed.plan.model import Node, Plan
+from testbed.run import metrics
+from testbed.run.summary import LinkRecord, RunSummary, StageLink, StagePlacement
+from testbed.shaping.registry import shaper_for
+from testbed.state.records import ProcessRecord
+from testbed.util import procs
+from testbed.util.paths import REPO_ROOT
+from workloads.records import RankTrace, WorkerConfig
 
 MASTER_PORT = 29500
 
@@ -33,6 +41,8 @@ class RunError(RuntimeError):
 
 @dataclass(kw_only=True, slots=True)
 class RunOptions:
+    """What `testbed run` trains and how (the same for every schedule of the run)."""
+
     schedules: list[str]
     microbatches: int = 8
     microbatch_size: int = 4
@@ -45,33 +55,26 @@ class RunOptions:
     seed: int = 1234
 
 
-@dataclass(frozen=True, slots=True)
-class StageLink:
-    """What lies between stage s and s+1: configured one-way delay and bottleneck rate (0 delay within a DC)."""
-
-    delay_s: float
-    rate_bps: float
-
-
-def stage_links(plan: dict[str, Any], hosts: list[dict[str, Any]]) -> list[StageLink]:
+def stage_links(plan: Plan, hosts: list[Node]) -> list[StageLink]:
+    """Configured delay and bottleneck rate between consecutive stages, along the planned DC path."""
     links = []
     for a, b in zip(hosts, hosts[1:], strict=False):
-        if a["dc"] == b["dc"]:
-            links.append(StageLink(0.0, float(plan.get("fabrics", {}).get(a["dc"], {}).get("rate_bps", 10e9))))
+        if a.dc == b.dc:
+            links.append(StageLink(0.0, plan.fabric_rate_bps(a.dc)))
             continue
-        path = plan["paths"][a["dc"]][b["dc"]]
+        path = plan.paths[a.dc][b.dc]
         delay, rate = 0.0, float("inf")
         for here, nxt in zip(path, path[1:], strict=False):
-            shape = next(s for s in plan["shapes"] if s["src_dc"] == here and s["dst_dc"] == nxt)
-            delay += shape["delay_s"]
-            rate = min(rate, shape["rate_bps"])
+            hop = plan.direction(here, nxt)
+            delay += hop.delay_s
+            rate = min(rate, hop.rate_bps)
         links.append(StageLink(delay, rate))
     return links
 
 
-def pipeline_hosts(plan: dict[str, Any], stages: int | None = None) -> list[dict[str, Any]]:
+def pipeline_hosts(plan: Plan, stages: int | None = None) -> list[Node]:
     """Hosts in DC order (the stage order); the first `stages` of them when given."""
-    hosts = [n for n in plan["nodes"] if n["role"] == "host"]
+    hosts = list(plan.hosts)
     if stages is not None:
         if not 2 <= stages <= len(hosts):
             raise RunError(f"--stages {stages}: the testbed has {len(hosts)} hosts; use 2..{len(hosts)}")
@@ -79,36 +82,33 @@ def pipeline_hosts(plan: dict[str, Any], stages: int | None = None) -> list[dict
     return hosts
 
 
-def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: list[dict[str, Any]], out_dir: Path,
-                 progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Run one schedule to completion on `hosts`; return the per-rank trace documents."""
-    plan = backend.state.plan
-    links = stage_links(plan, hosts)
-    master = hosts[0]["interfaces"][0]["address"].split("/")[0]
+def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: list[Node], out_dir: Path,
+                 progress: Callable[[dict[str, Any]], None] | None = None) -> list[RankTrace]:
+    """Run one schedule to completion on `hosts`; return the per-rank traces."""
+    links = stage_links(backend.state.plan, hosts)
+    master = hosts[0].ip(HOST_IFNAME)
     out_dir.mkdir(parents=True, exist_ok=True)
     cpus = os.cpu_count() or 1
     running: list[tuple[int, subprocess.Popen[bytes], Path]] = []
     try:
         for rank, host in enumerate(hosts):
-            config = {
-                "rank": rank, "world": len(hosts), "master_addr": master, "master_port": MASTER_PORT,
-                "schedule": schedule, "microbatches": options.microbatches,
-                "microbatch_size": options.microbatch_size, "iterations": options.iterations,
-                "model": options.model, "split": options.split,
-                "link_delay_s": [lk.delay_s for lk in links], "link_rate_bps": [lk.rate_bps for lk in links],
-                "memory_budget": options.memory_budget, "lr": options.lr, "seed": options.seed,
-                "out_dir": str(out_dir), "cpu": rank % cpus, "timeout_s": max(60.0, options.hang_timeout_s)}
+            config = WorkerConfig(
+                rank=rank, world=len(hosts), master_addr=master, master_port=MASTER_PORT, schedule=schedule,
+                microbatches=options.microbatches, microbatch_size=options.microbatch_size,
+                iterations=options.iterations, model=options.model, split=options.split,
+                link_delay_s=[lk.delay_s for lk in links], link_rate_bps=[lk.rate_bps for lk in links],
+                memory_budget=options.memory_budget, lr=options.lr, seed=options.seed, out_dir=str(out_dir),
+                cpu=rank % cpus, timeout_s=max(60.0, options.hang_timeout_s))
             path = out_dir / f"worker-{rank}.json"
-            path.write_text(json.dumps(config, indent=1))
+            path.write_text(json.dumps(config.to_json(), indent=1))
             log = out_dir / f"worker-{rank}.log"
             with open(log, "wb") as logf:
-                proc = backend.popen(host["name"], [sys.executable, "-m", "workloads.worker", str(path)],
+                proc = backend.popen(host.name, [sys.executable, "-m", "workloads.worker", str(path)],
                                      stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL,
                                      env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1",
-                                          "GLOO_SOCKET_IFNAME": "eth0"},
+                                          "GLOO_SOCKET_IFNAME": HOST_IFNAME},
                                      start_new_session=True)
-            backend.state.processes.append(ProcessRecord(proc.pid, process_start_ticks(proc.pid) or 0, "worker",
-                                                         host["name"]))
+            backend.state.processes.append(ProcessRecord.of(proc.pid, "worker", host.name))
             running.append((rank, proc, log))
         backend.state.save()
         _supervise(running, options.hang_timeout_s, progress)
@@ -120,7 +120,7 @@ def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: li
         pids = {p.pid for _, p, _ in running}
         backend.state.processes = [r for r in backend.state.processes if r.pid not in pids]
         backend.state.save()
-    return [json.loads((out_dir / f"rank-{rank}.json").read_text()) for rank in range(len(hosts))]
+    return [RankTrace.from_json(json.loads((out_dir / f"rank-{rank}.json").read_text())) for rank in range(len(hosts))]
 
 
 def _supervise(running: list[tuple[int, subprocess.Popen[bytes], Path]], hang_timeout_s: float,
@@ -168,33 +168,27 @@ def _tail(path: Path, chars: int = 1500) -> str:
         return "(no log)"
 
 
-def run_experiment(backend: Backend, options: RunOptions, results_root: Path, *, stages: int | None = None,
-                   run_id: str | None = None, log: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
+def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *, stages: int | None = None,
+                  run_id: str | None = None, log: Callable[[str], None] = print) -> tuple[Path, RunSummary]:
     """Every schedule of `options` in turn on one running testbed; writes results/<run-id>/ and returns it."""
-    import platform
-
-    from testbed import linkcheck, metrics
-    from testbed.shaping.registry import shaper_for
-
     plan = backend.state.plan
     hosts = pipeline_hosts(plan, stages)
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{'-'.join(options.schedules)}"
     run_dir = results_root / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     shaper = shaper_for(backend)
-    shaper_name = backend.state.extra.get("shaper", {}).get("name", "none")
     drops_before = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
-    delay_checks = linkcheck.check_delays(backend, probes=10)
+    delay_checks = check_delays(backend, probes=10)
     cpus = os.cpu_count() or 1
     daemons = sum(1 for p in backend.state.processes if p.role == "delayline")
-    oversubscribed = len(hosts) > cpus
-    if oversubscribed or len(hosts) + daemons > cpus:
+    oversubscribed = len(hosts) + daemons > cpus
+    if oversubscribed:
         log(f"WARNING: {len(hosts)} workers + {daemons} delay daemons on {cpus} cores: compute spans stretch when "
             "more run than there are cores, so bubble ratios are under-stated (recorded in summary.json)")
     tokens = options.microbatches * options.microbatch_size * int(options.model.get("block_size", 64))
     summaries, traces = [], {}
     for schedule in options.schedules:
-        log(f"running {schedule}: {len(hosts)} stages on {', '.join(h['name'] for h in hosts)}")
+        log(f"running {schedule}: {len(hosts)} stages on {', '.join(h.name for h in hosts)}")
 
         def progress(event: dict[str, Any], schedule: str = schedule) -> None:
             if event.get("event") == "iteration" and event.get("rank") == len(hosts) - 1:
@@ -205,33 +199,28 @@ def run_experiment(backend: Backend, options: RunOptions, results_root: Path, *,
         ranks = run_schedule(backend, schedule, options, hosts, run_dir / schedule, progress)
         traces[schedule] = ranks
         summaries.append(metrics.summarize(schedule, ranks, tokens))
-    drops_after = shaper.drops() if shaper else []
+    drops_after = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
     links = []
-    for shape in plan["shapes"]:
-        subject = f"{shape['link']} {shape['src_dc']} -> {shape['dst_dc']}"
-        check = next((c for c in delay_checks if c.kind == "one-way" and c.subject == subject), None)
-        drop = next((d for d in drops_after if d.link == shape["link"] and d.direction.startswith(shape["src_dc"])), None)
-        new_drops = (drop.unintended - drops_before.get((drop.link, drop.direction), 0)) if drop else None
-        links.append({"link": shape["link"], "from": shape["src_dc"], "to": shape["dst_dc"],
-                      "configured_delay_s": shape["delay_s"], "configured_rate_bps": shape["rate_bps"],
-                      "measured_one_way": check.measured if check else None,
-                      "delay_ok": check.ok if check else None, "drops_during_run": new_drops,
-                      "lossless": shape["lossless"]})
-    lossless_ok = all(not lk["lossless"] or not lk["drops_during_run"] for lk in links)
-    summary = {
-        "run_id": run_id, "topology": plan["topology"], "testbed": plan["testbed"],
-        "stages": [{"rank": i, "host": h["name"], "dc": h["dc"]} for i, h in enumerate(hosts)],
-        "stage_links": [asdict(lk) for lk in stage_links(plan, hosts)],
-        "links": links, "lossless_ok": lossless_ok, "shaper": shaper_name, "backend": backend.name,
-        "switch": backend.state.extra.get("mininet", {}).get("switch"),
-        "shaper_calibration_s": backend.state.extra.get("shaper", {}).get("calibration_s", {}),
-        "transport": "gloo-tcp", "kernel": platform.release(), "cpus": cpus,
-        "oversubscribed": len(hosts) + daemons > cpus, "workers": len(hosts), "delay_daemons": daemons,
-        "options": asdict(options), "schedules": summaries,
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    for d in plan.directions:
+        check = next((c for c in delay_checks if c.kind == "one-way" and c.subject == f"{d.link} {d.label}"), None)
+        after = drops_after.get((d.link, d.label))
+        links.append(LinkRecord(
+            link=d.link, src_dc=d.src_dc, dst_dc=d.dst_dc, configured_delay_s=d.delay_s, configured_rate_bps=d.rate_bps,
+            measured_one_way=check.measured if check else None, delay_ok=check.ok if check else None,
+            drops_during_run=None if after is None else after - drops_before.get((d.link, d.label), 0),
+            lossless=d.lossless))
+    summary = RunSummary(
+        run_id=run_id, topology=plan.topology, testbed=plan.testbed,
+        stages=[StagePlacement(i, h.name, h.dc) for i, h in enumerate(hosts)], stage_links=stage_links(plan, hosts),
+        links=links, lossless_ok=all(not lk.lossless or not lk.drops_during_run for lk in links),
+        shaper=backend.state.shaper_name, backend=backend.name,
+        switch=backend.state.mininet.switch if backend.state.mininet else None,
+        shaper_calibration_s=dict(backend.state.shaper.calibration_s) if backend.state.shaper else {},
+        transport="gloo-tcp", kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed,
+        workers=len(hosts), delay_daemons=daemons, options=asdict(options), schedules=summaries)
+    (run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=1))
     (run_dir / "trace.json").write_text(json.dumps(metrics.chrome_trace(traces)))
-    (run_dir / "plan.json").write_text(json.dumps(plan, indent=1))
-    if not lossless_ok:
+    (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
+    if not summary.lossless_ok:
         raise RunError(f"drops on a lossless link during the run (see {run_dir / 'summary.json'})")
     return run_dir, summary

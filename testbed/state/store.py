@@ -9,12 +9,16 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from testbed.plan.model import Plan
+from testbed.state.records import MininetRecord, ProcessRecord, ShaperRecord
 
 Phase = Literal["creating", "up", "destroying"]
 
@@ -25,38 +29,53 @@ def state_dir() -> Path:
 
 
 @dataclass(slots=True)
-class ProcessRecord:
-    """A process the testbed started (shaper daemon, worker): killed by PID, checked by start time."""
-
-    pid: int
-    start_ticks: int
-    role: str
-    node: str = ""
-
-    def alive(self) -> bool:
-        """Still the same process (PID not reused) and not a zombie."""
-        return process_start_ticks(self.pid) == self.start_ticks and not process_is_zombie(self.pid)
-
-
-@dataclass(slots=True)
 class TestbedState:
     """Everything `down` needs, and what `status` shows."""
+
+    __test__ = False     # not a pytest test class, despite its name
 
     name: str
     backend: str
     topology_source: str
+    plan: Plan
     phase: Phase = "creating"
     owner_pid: int = field(default_factory=os.getpid)
     created_at: float = field(default_factory=time.time)
     netns: list[str] = field(default_factory=list)
     processes: list[ProcessRecord] = field(default_factory=list)
-    plan: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Backend- or shaper-specific records (e.g. what a shaper installed and how it was verified)."""
+    shaper: ShaperRecord | None = None
+    mininet: MininetRecord | None = None
+    """Mininet backend only."""
 
     @property
     def path(self) -> Path:
         return state_dir() / f"{self.name}.json"
+
+    @property
+    def shaper_name(self) -> str:
+        return self.shaper.name if self.shaper else "none"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "backend": self.backend, "topology_source": self.topology_source,
+                "phase": self.phase, "owner_pid": self.owner_pid, "created_at": self.created_at,
+                "netns": list(self.netns), "processes": [p.to_json() for p in self.processes],
+                "plan": self.plan.to_json(),
+                "shaper": self.shaper.to_json() if self.shaper else None,
+                "mininet": self.mininet.to_json() if self.mininet else None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TestbedState:
+        """The inverse of `to_json`; also reads state files of 0.1 (`extra.shaper`, `extra.mininet`)."""
+        extra = data.get("extra", {})
+        shaper = data.get("shaper", extra.get("shaper"))
+        mininet = data.get("mininet", extra.get("mininet"))
+        return cls(name=data["name"], backend=data["backend"], topology_source=data["topology_source"],
+                   phase=data.get("phase", "creating"), owner_pid=int(data.get("owner_pid", 0)),
+                   created_at=float(data.get("created_at", 0.0)), netns=list(data.get("netns", [])),
+                   processes=[ProcessRecord.from_json(p) for p in data.get("processes", [])],
+                   plan=Plan.from_json(data["plan"]),
+                   shaper=ShaperRecord.from_json(shaper) if shaper else None,
+                   mininet=MininetRecord.from_json(mininet) if mininet else None)
 
     def save(self) -> None:
         """Atomically replace the state file (write, fsync, rename)."""
@@ -64,7 +83,7 @@ class TestbedState:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".{self.name}.json.tmp"
         with open(tmp, "w") as f:
-            json.dump(asdict(self), f, indent=1)
+            json.dump(self.to_json(), f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
@@ -75,8 +94,6 @@ class TestbedState:
         return state_dir() / self.name
 
     def delete(self) -> None:
-        import shutil
-
         shutil.rmtree(self.files_dir, ignore_errors=True)
         self.path.unlink(missing_ok=True)
 
@@ -85,10 +102,7 @@ class TestbedState:
 
     @classmethod
     def load(cls, name: str) -> TestbedState:
-        path = state_dir() / f"{name}.json"
-        data = json.loads(path.read_text())
-        data["processes"] = [ProcessRecord(**p) for p in data.get("processes", [])]
-        return cls(**data)
+        return cls.from_json(json.loads((state_dir() / f"{name}.json").read_text()))
 
 
 def list_states() -> list[TestbedState]:
@@ -114,21 +128,3 @@ def locked() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def process_is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """Start time of a process in clock ticks since boot (field 22 of /proc/PID/stat), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])

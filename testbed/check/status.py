@@ -1,0 +1,158 @@
+"""What is up: per testbed, its nodes, switches and OTN directions, whether the kernel still has them, and
+what its shaper's health check finds. `testbed status --json` prints `TestbedStatus.to_json()` (the
+DESIGN.md contract); `render()` is the terminal table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pyroute2 import IPRoute
+
+from testbed.backends import nsfs
+from testbed.backends.registry import backend_for
+from testbed.shaping.registry import shaper_for
+from testbed.state.store import TestbedState
+from testbed.util import table, units
+
+SWITCH_DAEMONS = ("ovsdb-server", "ovs-vswitchd")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    name: str
+    dc: str
+    role: str
+    netns: str
+    enter: str
+    """How to run a command in it."""
+    addresses: list[str]
+    present: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DirectionStatus:
+    """One OTN direction as configured. `from`/`to` in its JSON repeat `src_dc`/`dst_dc` (deprecated: 0.1 names)."""
+
+    link: str
+    src_dc: str
+    dst_dc: str
+    delay_s: float
+    rate_bps: float
+    jitter_s: float
+    loss: float
+    lossless: bool
+    delay_by: str
+    """The shaper, or `native path` where the delay line adds no hold."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.src_dc} -> {self.dst_dc}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "from": self.src_dc, "to": self.dst_dc}
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchStatus:
+    name: str
+    dc: str
+    kind: str
+    ports: dict[str, str]
+    present: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ShaperStatus:
+    name: str
+    problems: list[str] = field(default_factory=list)
+    calibration_s: dict[str, float] = field(default_factory=dict)
+    native_path: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TestbedStatus:
+    name: str
+    backend: str
+    topology: str
+    phase: str
+    health: str
+    nodes: list[NodeStatus]
+    links: list[DirectionStatus]
+    switches: list[SwitchStatus]
+    shaper: ShaperStatus
+
+    def to_json(self) -> dict[str, Any]:
+        record = {"name": self.name, "backend": self.backend, "topology": self.topology, "phase": self.phase,
+                  "health": self.health, "nodes": [asdict(n) for n in self.nodes],
+                  "links": [lk.to_json() for lk in self.links], "shaper": asdict(self.shaper)}
+        if self.switches:
+            record["switches"] = [asdict(sw) for sw in self.switches]
+        return record
+
+    def render(self) -> str:
+        out = [f"testbed {self.name}: {self.phase}, {self.health} ({self.backend} backend, shaper {self.shaper.name}, "
+               f"{self.topology})"]
+        rows = [(n.name, n.dc, n.role, n.netns, " ".join(n.addresses), "yes" if n.present else "GONE")
+                for n in self.nodes]
+        out.append(table.render(["node", "dc", "role", "netns", "addresses", "present"], rows))
+        if self.switches:
+            rows = [(sw.name, sw.dc, sw.kind, " ".join(sw.ports.values()), "yes" if sw.present else "GONE")
+                    for sw in self.switches]
+            out.append(table.render(["switch", "dc", "kind", "ports", "present"], rows,
+                                    "\nMininet switches (root namespace)"))
+        rows = [(lk.link, lk.label, units.format_time(lk.delay_s), units.format_rate(lk.rate_bps), lk.delay_by)
+                for lk in self.links]
+        out.append(table.render(["link", "direction", "one-way delay", "rate", "delay by"], rows,
+                                "\nOTN links (configured)"))
+        out += [f"note: {warning}" for warning in self.shaper.warnings]
+        return "\n".join(out)
+
+
+def describe(state: TestbedState) -> TestbedStatus:
+    """The status of one testbed, read back from the kernel and its shaper."""
+    plan = state.plan
+    nodes = [NodeStatus(n.name, n.dc, n.role, n.netns, f"ip netns exec {n.netns} CMD  (or: testbed exec {n.name} -- CMD)",
+                        n.addresses, nsfs.exists(n.netns)) for n in plan.nodes]
+    shaper = shaper_status(state)
+    links = [DirectionStatus(d.link, d.src_dc, d.dst_dc, d.delay_s, d.rate_bps, d.jitter_s, d.loss, d.lossless,
+                             "native path" if d.label in shaper.native_path else shaper.name)
+             for d in plan.directions]
+    missing = [n.name for n in nodes if not n.present]
+    switches = _switches(state)
+    missing_switches = [sw.name for sw in switches if not sw.present]
+    dead = [p.role for p in state.processes if p.role in SWITCH_DAEMONS and not p.alive()]
+    health = "ok"
+    if state.phase != "up":
+        health = f"{state.phase}" + ("" if state.owner_alive() else " (creator died: run 'testbed down')")
+    elif missing:
+        health = f"degraded: {len(missing)} namespace(s) gone ({', '.join(missing[:3])})"
+    elif missing_switches or dead:
+        health = "degraded: " + "; ".join([f"switch {n} gone" for n in missing_switches] + [f"{d} is dead" for d in dead])
+    elif shaper.problems:
+        health = "degraded: " + "; ".join(shaper.problems)
+    return TestbedStatus(name=state.name, backend=state.backend, topology=state.topology_source, phase=state.phase,
+                         health=health, nodes=nodes, links=links, switches=switches, shaper=shaper)
+
+
+def shaper_status(state: TestbedState) -> ShaperStatus:
+    """Shaper name and what its health check finds (qdiscs, rules, daemons) for a running testbed."""
+    if state.phase != "up":
+        return ShaperStatus(state.shaper_name)
+    shaper = shaper_for(backend_for(state))
+    problems = ["no shaper: OTN links carry no delay or rate limit"] if shaper is None else shaper.health().problems
+    record = state.shaper
+    if record is None:
+        return ShaperStatus(state.shaper_name, problems)
+    return ShaperStatus(record.name, problems, dict(record.calibration_s), list(record.native), list(record.warnings))
+
+
+def _switches(state: TestbedState) -> list[SwitchStatus]:
+    """Mininet's DC switches (root namespace) and whether the kernel still has them."""
+    info = state.mininet
+    if info is None or not info.switches:
+        return []
+    with IPRoute() as root:
+        return [SwitchStatus(sw.name, sw.dc, info.switch, dict(sw.ports), bool(root.link_lookup(ifname=sw.name)))
+                for sw in info.switches]

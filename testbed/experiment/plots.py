@@ -1,0 +1,152 @@
+"""PNG plots of an experiment (matplotlib, headless): bubble ratio vs distance (measured and modelled),
+one iteration as a per-stage timeline for 1f1b vs geopipe at the focus distance, the memory-budget curve."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+from testbed.experiment.records import ExperimentRecord, Point
+from workloads.records import RankTrace
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"gpipe": "tab:gray", "1f1b": "tab:red", "geopipe": "tab:blue"}
+
+
+def render_all(exp_dir: Path) -> list[Path]:
+    record = ExperimentRecord.load(exp_dir)
+    out = [bubble_vs_distance(record, exp_dir / "bubble_vs_distance.png"),
+           gantt(record, exp_dir / "timeline_1f1b_vs_geopipe.png")]
+    if record.sweep("budget"):
+        out.append(memory_budget(record, exp_dir / "memory_budget.png"))
+    if record.sweep("rate"):
+        out.append(sweep_plot(record, "rate", lambda p: p.rate_bps * 1e-6, "OTN link rate (Mbit/s)",
+                              exp_dir / "rate.png"))
+    if record.sweep("microbatches"):
+        out.append(sweep_plot(record, "microbatches", lambda p: p.microbatches, "micro-batches per iteration",
+                              exp_dir / "microbatches.png"))
+    return [p for p in out if p]
+
+
+def bubble_vs_distance(record: ExperimentRecord, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for schedule in record.spec.schedules:
+        by_km: dict[float, list[float]] = {}
+        model: dict[float, float] = {}
+        for p in record.headline_points(schedule):
+            if p.bubble is None:
+                continue
+            by_km.setdefault(p.distance_km, []).append(p.bubble)
+            if p.predicted_bubble is not None:
+                model[p.distance_km] = p.predicted_bubble
+        for m in record.model_only:
+            if m.schedule == schedule:
+                model[m.distance_km] = m.bubble
+        kms = sorted(by_km)
+        means = [statistics.mean(by_km[k]) for k in kms]
+        lo = [means[i] - min(by_km[k]) for i, k in enumerate(kms)]
+        hi = [max(by_km[k]) - means[i] for i, k in enumerate(kms)]
+        color = COLORS.get(schedule)
+        ax.errorbar(kms, means, yerr=[lo, hi], fmt="o-", color=color, capsize=3, label=f"{schedule} (measured)")
+        if model:
+            mk = sorted(model)
+            ax.plot(mk, [model[k] for k in mk], "--", color=color, alpha=0.7, label=f"{schedule} (model)")
+    ax.set_xlabel("cross-DC distance (km of fibre; one-way delay = 5 us/km)")
+    ax.set_ylabel("computation bubble ratio (mean over stages)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Bubble ratio vs distance, 2 pipeline stages in 2 DCs")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _focus_run(record: ExperimentRecord, schedule: str) -> Path | None:
+    pts = record.headline_points(schedule, record.spec.focus_km)
+    return Path(pts[0].run_dir) / schedule if pts else None
+
+
+def gantt(record: ExperimentRecord, path: Path) -> Path | None:
+    runs = {s: _focus_run(record, s) for s in ("1f1b", "geopipe")}
+    runs = {s: d for s, d in runs.items() if d and d.exists()}
+    if not runs:
+        return None
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.6 + 1.3 * len(runs)), sharex=True)
+    axes = [axes] if len(runs) == 1 else list(axes)
+    longest = 0.0
+    for ax, (schedule, run_dir) in zip(axes, runs.items(), strict=True):
+        ranks = [RankTrace.from_json(json.loads(p.read_text())) for p in sorted(run_dir.glob("rank-*.json"))]
+        index = next(i for i, it in enumerate(ranks[0].iterations) if not it.warmup)
+        origin = min(r.iterations[index].start for r in ranks)
+        for r in ranks:
+            it = r.iterations[index]
+            for span in it.spans:
+                color = {"F": "tab:blue", "B": "tab:orange"}.get(span.kind, "lightgray")
+                ax.barh(r.rank, span.seconds * 1e3, left=(span.start - origin) * 1e3, color=color, edgecolor="none",
+                        height=0.6)
+            longest = max(longest, (it.end - origin) * 1e3)
+        ax.set_yticks(range(len(ranks)), [f"stage {r.rank}" for r in ranks])
+        ax.invert_yaxis()
+        ax.set_title(f"{schedule} at {record.spec.focus_km:g} km: one steady iteration", fontsize=10)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ("tab:blue", "tab:orange", "lightgray")]
+    fig.legend(handles, ["forward", "backward", "waiting for a receive / send"], fontsize=8, loc="upper center",
+               ncol=3, frameon=False)
+    axes[-1].set_xlabel("time since the iteration started (ms)")
+    axes[-1].set_xlim(0, longest * 1.02)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def memory_budget(record: ExperimentRecord, path: Path) -> Path:
+    pts = sorted(record.sweep("budget"), key=lambda p: p.memory_budget or 0)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    mib = [(p.memory_budget or 0) / 2**20 for p in pts]
+    ax.plot(mib, [p.bubble for p in pts], "o-", color=COLORS["geopipe"], label="geopipe (measured)")
+    if all(p.predicted_bubble is not None for p in pts):
+        ax.plot(mib, [p.predicted_bubble for p in pts], "--", color=COLORS["geopipe"], alpha=0.7,
+                label="geopipe (model)")
+    focus = record.spec.focus_km
+    one = [p.bubble for p in record.headline_points("1f1b", focus) if p.bubble is not None]
+    if one:
+        ax.axhline(statistics.mean(one), color=COLORS["1f1b"], ls=":", label="1f1b (measured)")
+    for p, x in zip(pts, mib, strict=True):
+        peak = (p.measured.peak_inflight_activation_bytes or 0) / 2**20
+        ax.annotate(f"peak {peak:.1f} MiB", (x, p.bubble), textcoords="offset points", xytext=(0, 8), ha="center",
+                    fontsize=7)
+    ax.set_title(f"The HBM trade-off at {focus:g} km")
+    return _finish(fig, ax, "memory budget: in-flight activation bytes per stage (MiB)", path)
+
+
+def sweep_plot(record: ExperimentRecord, sweep: str, x_of: Callable[[Point], float], xlabel: str, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for schedule in ("1f1b", "geopipe"):
+        pts = sorted(record.sweep(sweep, schedule), key=x_of)
+        xs = [x_of(p) for p in pts]
+        ax.plot(xs, [p.bubble for p in pts], "o-", color=COLORS[schedule], label=f"{schedule} (measured)")
+        ax.plot(xs, [p.predicted_bubble for p in pts], "--", color=COLORS[schedule], alpha=0.7,
+                label=f"{schedule} (model)")
+    return _finish(fig, ax, xlabel, path)
+
+
+def _finish(fig: Any, ax: Any, xlabel: str, path: Path) -> Path:
+    """Axes, grid and legend of a bubble-ratio plot; write the PNG and free the figure."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("computation bubble ratio")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,77 @@
+"""From per-rank traces to the numbers of summary.json: bubble ratio per stage, step time, tokens/s,
+exposed communication, peak in-flight activation memory. Steady-state iterations only (warm-up excluded).
+
+Per stage, the bubble ratio and exposed communication are the median over steady iterations, like the step
+time: a host hiccup of one iteration is not the schedule's doing. Every iteration's figures stay in
+`bubble_ratio_iterations` and `step_time_spread_s`."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from testbed.run.summary import ScheduleSummary
+from workloads.records import RankTrace
+
+
+def summarize(schedule: str, ranks: list[RankTrace], tokens_per_step: int) -> ScheduleSummary:
+    """`ranks`: the traces of one schedule's run, in rank order."""
+    steady = [i for i, it in enumerate(ranks[0].iterations) if not it.warmup]
+    step_times: list[float] = []
+    bubbles: list[list[float]] = [[] for _ in ranks]
+    waits: list[list[float]] = [[] for _ in ranks]
+    for i in steady:
+        its = [r.iterations[i] for r in ranks]
+        step = max(it.end for it in its) - min(it.start for it in its)
+        step_times.append(step)
+        for s, it in enumerate(its):
+            if it.compute_s is not None:
+                bubbles[s].append(1 - it.compute_s / step)
+                waits[s].append(it.wait_s or 0.0)
+    step_time = statistics.median(step_times)
+    has_compute = all(bubbles)
+    per_stage = [statistics.median(b) for b in bubbles] if has_compute else None
+    peaks = [max((it.peak_inflight_bytes or 0) for it in r.iterations) for r in ranks]
+    losses = [it.loss for it in ranks[-1].iterations if it.loss is not None]
+    compute = ([statistics.mean(ranks[s].iterations[i].compute_s or 0.0 for i in steady) for s in range(len(ranks))]
+               if has_compute else None)
+    return ScheduleSummary(
+        schedule=schedule,
+        bubble_ratio=statistics.mean(per_stage) if per_stage else None,
+        bubble_ratio_per_stage=per_stage,
+        step_time_s=step_time,
+        step_time_spread_s=[min(step_times), max(step_times)],
+        tokens_per_s=tokens_per_step / step_time,
+        bubble_ratio_iterations=bubbles if has_compute else None,
+        exposed_comm_s=statistics.mean(statistics.median(w) for w in waits) if has_compute else None,
+        exposed_comm_s_per_stage=[statistics.median(w) for w in waits] if has_compute else None,
+        compute_s_per_stage=compute,
+        peak_inflight_activation_bytes=max(peaks) if any(peaks) else None,
+        peak_inflight_activation_bytes_per_stage=peaks if any(peaks) else None,
+        loss_first=losses[0] if losses else None,
+        loss_last=losses[-1] if losses else None,
+        iterations=len(steady),
+        geopipe_sizing=ranks[0].geopipe_sizing)
+
+
+def chrome_trace(runs: dict[str, list[RankTrace]]) -> dict[str, Any]:
+    """All ranks of all schedules on one timeline (chrome://tracing, Perfetto): pid = schedule, tid = rank."""
+    events: list[dict[str, Any]] = []
+    origin = min(it.start for ranks in runs.values() for r in ranks for it in r.iterations)
+    for pid, (schedule, ranks) in enumerate(runs.items()):
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": schedule}})
+        for r in ranks:
+            tid = r.rank
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"stage {tid}"}})
+            for it in r.iterations:
+                events.append({"ph": "X", "name": f"iteration {it.iteration}", "cat": "iteration", "pid": pid,
+                               "tid": tid, "ts": (it.start - origin) * 1e6, "dur": (it.end - it.start) * 1e6})
+                for span in it.spans:
+                    name = span.kind if span.mb < 0 else f"{span.kind}{span.mb}"
+                    events.append({"ph": "X", "name": name, "cat": "compute" if span.kind in ("F", "B") else "wait",
+                                   "pid": pid, "tid": tid, "ts": (span.start - origin) * 1e6,
+                                   "dur": span.seconds * 1e6})
+                for t, value in it.memory:
+                    events.append({"ph": "C", "name": f"in-flight activations stage {tid}", "pid": pid,
+                                   "ts": (t - origin) * 1e6, "args": {"bytes": value}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -1,0 +1,143 @@
+"""A run's summary.json, typed: per schedule (`ScheduleSummary`, DESIGN.md's contract) and for the run
+(`RunSummary`: topology, links configured and measured, shaper, transport, kernel, host load), with
+`to_json`/`from_json` and the terminal table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from testbed.util import table, units
+from workloads.schedule import GeoPipeSizing
+
+
+@dataclass(kw_only=True, slots=True)
+class ScheduleSummary:
+    """One schedule's figures over the steady-state iterations (warm-up excluded)."""
+
+    schedule: str
+    bubble_ratio: float | None
+    """Mean over stages of each stage's median 1 - compute/step time; None where not instrumented (torch-*)."""
+    bubble_ratio_per_stage: list[float] | None
+    step_time_s: float
+    """Median over steady iterations."""
+    step_time_spread_s: list[float]
+    """[min, max] over steady iterations."""
+    tokens_per_s: float
+    bubble_ratio_iterations: list[list[float]] | None
+    """Per stage, every steady iteration's bubble ratio."""
+    exposed_comm_s: float | None
+    exposed_comm_s_per_stage: list[float] | None
+    compute_s_per_stage: list[float] | None
+    peak_inflight_activation_bytes: int | None
+    peak_inflight_activation_bytes_per_stage: list[int] | None
+    loss_first: float | None
+    loss_last: float | None
+    iterations: int
+    geopipe_sizing: GeoPipeSizing | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ScheduleSummary:
+        """Also reads summaries of 0.1 (`geo_plan`)."""
+        known = {f.name for f in fields(cls)}
+        sizing = data.get("geopipe_sizing", data.get("geo_plan"))
+        return cls(**{k: v for k, v in data.items() if k in known and k != "geopipe_sizing"},
+                   geopipe_sizing=GeoPipeSizing.from_json(sizing) if sizing else None)
+
+
+@dataclass(frozen=True, slots=True)
+class StageLink:
+    """What lies between stage s and s+1: configured one-way delay and bottleneck rate (0 delay within a DC)."""
+
+    delay_s: float
+    rate_bps: float
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlacement:
+    rank: int
+    host: str
+    dc: str
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRecord:
+    """One OTN direction during the run: configured, measured before it, drops during it.
+    `from`/`to` in its JSON repeat `src_dc`/`dst_dc` (deprecated: the 0.1 names)."""
+
+    link: str
+    src_dc: str
+    dst_dc: str
+    configured_delay_s: float
+    configured_rate_bps: float
+    measured_one_way: str | None
+    delay_ok: bool | None
+    drops_during_run: int | None
+    lossless: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "from": self.src_dc, "to": self.dst_dc}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LinkRecord:
+        known = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in data.items() if k in known},
+                      "src_dc": data.get("src_dc", data.get("from")), "dst_dc": data.get("dst_dc", data.get("to"))})
+
+
+@dataclass(kw_only=True, slots=True)
+class RunSummary:
+    """results/<run-id>/summary.json."""
+
+    run_id: str
+    topology: str
+    testbed: str
+    stages: list[StagePlacement]
+    stage_links: list[StageLink]
+    links: list[LinkRecord]
+    lossless_ok: bool
+    shaper: str
+    backend: str
+    switch: str | None
+    shaper_calibration_s: dict[str, float]
+    transport: str
+    kernel: str
+    cpus: int
+    oversubscribed: bool
+    workers: int
+    delay_daemons: int
+    options: dict[str, Any]
+    """The run's options (RunOptions as JSON)."""
+    schedules: list[ScheduleSummary] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**data, "stages": [asdict(s) for s in self.stages], "stage_links": [asdict(s) for s in self.stage_links],
+                "links": [lk.to_json() for lk in self.links], "schedules": [s.to_json() for s in self.schedules]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSummary:
+        known = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in data.items() if k in known},
+                      "stages": [StagePlacement(**s) for s in data["stages"]],
+                      "stage_links": [StageLink(**s) for s in data["stage_links"]],
+                      "links": [LinkRecord.from_json(lk) for lk in data["links"]],
+                      "schedules": [ScheduleSummary.from_json(s) for s in data["schedules"]]})
+
+    def render(self) -> str:
+        rows = []
+        for s in self.schedules:
+            br = s.bubble_ratio
+            rows.append((s.schedule, "-" if br is None else f"{br:.3f}",
+                         "-" if s.bubble_ratio_per_stage is None else " ".join(f"{b:.3f}" for b in s.bubble_ratio_per_stage),
+                         f"{s.step_time_s:.3f}", f"{s.tokens_per_s:.0f}",
+                         "-" if s.exposed_comm_s is None else f"{s.exposed_comm_s:.3f}",
+                         "-" if s.peak_inflight_activation_bytes is None
+                         else units.format_size(s.peak_inflight_activation_bytes),
+                         f"{s.loss_first:.3f} -> {s.loss_last:.3f}" if s.loss_first is not None else "-"))
+        return table.render(["schedule", "bubble", "per stage", "step s", "tokens/s", "exposed comm s", "peak in-flight",
+                             "loss"], rows, f"\n{self.topology}: {len(self.stages)} stages, shaper {self.shaper}, "
+                                            f"{self.transport}")

@@ -1,0 +1,130 @@
+"""What crosses the worker's process boundary, typed: the configuration the runner writes (`WorkerConfig`)
+and the trace each rank writes back (`RankTrace`, one `IterationRecord` per iteration, `Span`s inside).
+Each has `to_json`/`from_json`; no torch import here, so the runner and the reports read them cheaply."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from workloads.schedule import GeoPipeSizing
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkerConfig:
+    """One rank's job, written by the runner as worker-<rank>.json."""
+
+    rank: int
+    world: int
+    master_addr: str
+    master_port: int
+    schedule: str
+    """gpipe | 1f1b | geopipe | torch-1f1b | torch-gpipe (PyTorch's own schedules, the reference)."""
+    microbatches: int = 8
+    microbatch_size: int = 4
+    iterations: int = 4
+    """Timed iterations, after one warm-up iteration."""
+    model: dict[str, Any] = field(default_factory=dict)
+    """GPTConfig fields (n_layer, n_embd, n_head, block_size)."""
+    split: list[int] | None = None
+    link_delay_s: list[float] = field(default_factory=list)
+    """Configured one-way delay between stage s and s+1 (0 within a DC)."""
+    link_rate_bps: list[float] = field(default_factory=list)
+    """Bottleneck rate between stage s and s+1, bits per second."""
+    memory_budget: int | None = None
+    """Bytes of in-flight activations per stage (geopipe)."""
+    lr: float = 3e-3
+    seed: int = 1234
+    out_dir: str = "."
+    cpu: int | None = None
+    """Core the worker pins itself to."""
+    timeout_s: float = 120.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WorkerConfig:
+        return cls(**data)
+
+
+@dataclass(slots=True)
+class Span:
+    """A timed interval of one rank: F, B (compute), wait-F / wait-B (blocked on a receive), wait-send."""
+
+    kind: str
+    mb: int
+    """Micro-batch, -1 for the end-of-iteration wait for sends."""
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(kw_only=True, slots=True)
+class IterationRecord:
+    """One iteration of one rank (monotonic clock seconds; PyTorch's schedules leave the span fields empty)."""
+
+    iteration: int
+    warmup: bool
+    start: float
+    end: float
+    spans: list[Span] = field(default_factory=list)
+    memory: list[tuple[float, int]] = field(default_factory=list)
+    """(time, in-flight activation bytes) after each change, thinned."""
+    peak_inflight_bytes: int | None = None
+    loss: float | None = None
+    optimizer_s: float | None = None
+    compute_s: float | None = None
+    """Sum of F and B spans; None where the schedule is not instrumented (torch-*)."""
+    wait_s: float | None = None
+    forward_s: float | None = None
+    """Mean F span."""
+    backward_s: float | None = None
+    stash_bytes: int | None = None
+    """Largest per-micro-batch stash saved by autograd."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> IterationRecord:
+        return cls(**{**data, "spans": [Span(**s) for s in data.get("spans", [])],
+                      "memory": [(float(t), int(v)) for t, v in data.get("memory", [])]})
+
+
+@dataclass(kw_only=True, slots=True)
+class RankTrace:
+    """Everything one rank measured in one run of one schedule: rank-<r>.json."""
+
+    config: WorkerConfig
+    schedule: str
+    rank: int
+    iterations: list[IterationRecord]
+    actions: list[str] = field(default_factory=list)
+    """The action list it executed in its timed iterations (`RF3 F3 SF3 ...`)."""
+    geopipe_sizing: GeoPipeSizing | None = None
+    activation_bytes: int | None = None
+    transport: str = ""
+
+    @property
+    def steady(self) -> list[IterationRecord]:
+        return [it for it in self.iterations if not it.warmup]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.config.to_json(), "schedule": self.schedule, "rank": self.rank,
+                "iterations": [it.to_json() for it in self.iterations], "actions": list(self.actions),
+                "geopipe_sizing": asdict(self.geopipe_sizing) if self.geopipe_sizing else None,
+                "activation_bytes": self.activation_bytes, "transport": self.transport}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RankTrace:
+        """Also reads traces of 0.1 (`geo_plan`)."""
+        sizing = data.get("geopipe_sizing", data.get("geo_plan"))
+        return cls(config=WorkerConfig.from_json(data["config"]), schedule=data["schedule"], rank=int(data["rank"]),
+                   iterations=[IterationRecord.from_json(it) for it in data["iterations"]],
+                   actions=list(data.get("actions", [])),
+                   geopipe_sizing=GeoPipeSizing.from_json(sizing) if sizing else None,
+                   activation_bytes=data.get("activation_bytes"), transport=data.get("transport", ""))
