@@ -1,8 +1,9 @@
 """testbed: emulate datacenters and the OTN links between them, and measure pipeline training across them.
 
 Commands: doctor, plan, up, down, status, exec, verify, link, run, experiment, report, cli, vm
-(`testbed COMMAND --help` for each). This module only parses arguments and calls into the layers.
+(`testbed COMMAND --help` for each).
 """
+# This module only parses arguments and calls into the layers; the modules that own the data render it.
 
 from __future__ import annotations
 
@@ -256,7 +257,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="testbed", description=__doc__)
+    parser = argparse.ArgumentParser(prog="testbed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     p = sub.add_parser("doctor", help="probe what this kernel and machine offer")

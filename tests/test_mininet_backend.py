@@ -124,7 +124,7 @@ def test_deleted_switch_is_reported_and_down_still_cleans(unique_name: str) -> N
         subprocess.run(["ip", "link", "del", gone], check=True)
         status = json.loads(run_cli("status", unique_name, "--json").stdout)
         assert status["health"].startswith("degraded") and f"switch {gone} gone" in status["health"]
-        assert not all(c.ok for c in check_reachability(plan.to_json(), timeout_s=0.5))
+        assert not all(c.ok for c in check_reachability(plan, timeout_s=0.5))
     finally:
         run_cli("down", unique_name)
     assert _root_links() == before and netns_with_prefix(f"tb-{unique_name}-") == []
@@ -199,7 +199,7 @@ def test_ovs_userspace_switch_private_instance(unique_name: str) -> None:
         dp = subprocess.run(["ovs-vsctl", "get", "bridge", bridges.split()[0], "datapath_type"], capture_output=True,
                             text=True, env=env, check=True).stdout
         assert dp.strip() == "netdev"
-        reach = check_reachability(recorded["plan"])
+        reach = check_reachability(backend.state.plan)
         assert reach and all(c.ok for c in reach), reach
         second = run_cli("up", "2dc-1000km", "--name", unique_name + "b", "--backend", "mininet", "--switch",
                          "ovs-user", "--no-verify", check=False)

@@ -107,7 +107,7 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
 
 
 def delay_queue_packets(rate_bps: float, delay_s: float, jitter_s: float, mtu: int) -> int:
-    """Packets a delay stage must hold to be lossless: 2 x rate x (delay + jitter) in full-size frames."""
+    """Packets the delay line (or netem) must hold to be lossless: 2 x rate x (delay + jitter) in full-size frames."""
     return max(MIN_QUEUE_PACKETS, math.ceil(2 * rate_bps * (delay_s + jitter_s) / 8 / (mtu + ETH_OVERHEAD)))
 
 

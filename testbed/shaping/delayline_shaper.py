@@ -76,14 +76,14 @@ class DelaylineShaper(Shaper):
         record.calibration_s = base_one_way(self.backend, installed_hold_s=CALIBRATION_HOLD_S)
         record.native, record.warnings = [], []
         for d in plan.directions:
-            self._place_stage(d)
+            self._place_hold(d)
         self.backend.state.save()
         for node, directions in incoming.items():
             config = Path(record.daemons[node].config)
             self._write_config(config, [self._queue_config(d, record.calibration_s) for d in directions], generation=1)
             self._reload(node, generation=1)
 
-    def _place_stage(self, direction: LinkDirection) -> None:
+    def _place_hold(self, direction: LinkDirection) -> None:
         """A hold on the delay line, or the native path, for one direction, with a warning that names which.
 
         A hold shorter than the daemon's wake-up cannot be timed; when the asked delay is nearer the emulator's
@@ -104,7 +104,7 @@ class DelaylineShaper(Shaper):
         if native:
             record.warnings.append(
                 f"{label}: {direction.delay_s * 1e3:g} ms asked; the emulator's own path takes {path * 1e6:.0f} us one "
-                "way, so this direction has no delay stage (native path); verify shows what it delivers")
+                "way, so this direction has no hold on the delay line (native path); verify shows what it delivers")
         elif direction.delay_s < path + WAKEUP_FLOOR_S:
             record.warnings.append(
                 f"{label}: {direction.delay_s * 1e3:g} ms asked, below what the delay line delivers here "
@@ -175,7 +175,7 @@ class DelaylineShaper(Shaper):
         generation = int(config.get("generation", 0)) + 1
         self._write_config(config_path, queues, generation)
         self._reload(direction.dst_node, generation)
-        self._place_stage(direction)
+        self._place_hold(direction)
         self.backend.state.save()
 
     def _daemon(self, node: str) -> ProcessRecord | None:

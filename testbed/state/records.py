@@ -58,7 +58,7 @@ class ShaperRecord:
     calibration_s: dict[str, float] = field(default_factory=dict)
     """The emulator's own one-way latency per direction, subtracted from each hold."""
     native: list[str] = field(default_factory=list)
-    """Directions with no delay stage: the asked delay is what the path itself takes (delay line only)."""
+    """Directions the delay line does not hold: the asked delay is what the path itself takes (delay line only)."""
     warnings: list[str] = field(default_factory=list)
     daemons: dict[str, DaemonFiles] = field(default_factory=dict)
     """Delay-line daemon per receiving router."""
