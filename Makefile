@@ -1,5 +1,6 @@
 # The user's front door. Everything installs into .venv/ at the repo root (idempotently).
 # A venv on Debian's /usr/bin/python3 with system site-packages, so Debian's mininet imports too.
+# setuptools' notice about editable installs is silenced by its text (it is advice, not a problem).
 
 SHELL := /bin/bash
 PYTHON_SYS := /usr/bin/python3
@@ -28,7 +29,7 @@ apt:
 $(STAMP): pyproject.toml | apt
 	test -x $(PY) || $(PYTHON_SYS) -m venv --system-site-packages $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,train]'
+	PYTHONWARNINGS='ignore:Editable installation:UserWarning' $(PY) -m pip install -q -e '.[dev,train]'
 	touch $(STAMP)
 
 # Every tier this machine can run: unit + root + mininet on the host, then the stock-kernel tier in QEMU.

@@ -160,33 +160,18 @@ def cmd_vm(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.run.runner import RunError, RunOptions, run_schedules
 
-    options = RunOptions(
-        schedules=[s.strip() for s in args.schedule.split(",")], microbatches=args.microbatches,
-        microbatch_size=args.microbatch_size, iterations=args.iterations,
-        model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
-        memory_budget=units.parse_size(args.memory_budget) if args.memory_budget else None,
-        hang_timeout_s=args.hang_timeout)
-    from workloads.schedule import SCHEDULES
-    allowed = (*SCHEDULES, "torch-1f1b", "torch-gpipe")
-    bad = [s for s in options.schedules if s not in allowed]
-    if bad:
-        raise BackendError(f"unknown schedule {bad[0]!r}; choose from: {', '.join(allowed)}")
-    owned = None
-    if statefile.exists(args.target):
-        backend = lifecycle.open_backend(args.target)
-    else:
-        result = lifecycle.up(resolve_topology(args.target), args.name, backend=args.backend, shaper=args.shaper,
-                              switch=args.switch)
-        owned = result.plan.testbed
-        backend = lifecycle.open_backend(owned)
-        print(f"testbed {owned} up ({result.shaper}); it is removed after the run")
     try:
-        run_dir, summary = run_schedules(backend, options, Path(args.results), stages=args.stages)
+        options = RunOptions(
+            schedules=[s.strip() for s in args.schedule.split(",")], microbatches=args.microbatches,
+            microbatch_size=args.microbatch_size, iterations=args.iterations,
+            model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
+            memory_budget=units.parse_size(args.memory_budget) if args.memory_budget else None,
+            hang_timeout_s=args.hang_timeout)
+        with lifecycle.testbed_for(args.target, name=args.name, backend=args.backend, shaper=args.shaper,
+                                   switch=args.switch) as backend:
+            run_dir, summary = run_schedules(backend, options, Path(args.results), stages=args.stages)
     except RunError as exc:
         raise BackendError(str(exc)) from None
-    finally:
-        if owned:
-            lifecycle.down(owned)
     print(summary.render())
     print(f"\nresults: {run_dir} (summary.json, trace.json for chrome://tracing or ui.perfetto.dev)")
     return 0

@@ -65,3 +65,36 @@ def test_worker_config_and_rank_trace_round_trip() -> None:
                       geopipe_sizing=GeoPipeSizing((1, 0), (0, 2), (1, 0), ("hidden", "no link")),
                       activation_bytes=128, transport="gloo-tcp")
     assert RankTrace.from_json(_through_json(trace.to_json())) == trace
+
+
+def test_delay_daemon_files_round_trip() -> None:
+    from testbed.shaping.delayline import DaemonConfig, DaemonStats, QueueConfig, QueueStats
+
+    config = DaemonConfig(3, [QueueConfig(queue=0, ifname="otn0", delay_s=0.005, maxlen=2000)])
+    assert DaemonConfig.from_json(_through_json(config.to_json())) == config
+    stats = DaemonStats(pid=1, ready=True, uptime_s=2.0, advance_us=90.0, spin=False, oversleep_p90_us=120.0,
+                        generation=3, cpu_s=0.4, queues={0: QueueStats(packets=10, id_gaps=1)})
+    assert DaemonStats.from_json(_through_json(stats.to_json())) == stats
+
+
+def test_run_summary_round_trips_and_keeps_the_old_link_keys() -> None:
+    from testbed.run.summary import LinkRecord, RunSummary, ScheduleSummary, StageLink, StagePlacement
+
+    schedule = ScheduleSummary(
+        schedule="geopipe", bubble_ratio=0.1, bubble_ratio_per_stage=[0.1, 0.1], step_time_s=1.0,
+        step_time_spread_s=[0.9, 1.1], tokens_per_s=100.0, bubble_ratio_iterations=[[0.1], [0.1]], exposed_comm_s=0.0,
+        exposed_comm_s_per_stage=[0.0, 0.0], compute_s_per_stage=[0.9, 0.9], peak_inflight_activation_bytes=5,
+        peak_inflight_activation_bytes_per_stage=[5, 0], loss_first=4.0, loss_last=3.0, iterations=4,
+        geopipe_sizing=GeoPipeSizing((1, 0), (0, 2), (1, 0), ("hidden", "no link")))
+    summary = RunSummary(
+        run_id="r", topology="t", testbed="t", stages=[StagePlacement(0, "h1", "dc-a")], stage_links=[StageLink(0.005, 1e9)],
+        links=[LinkRecord("a--b", "dc-a", "dc-b", 0.005, 1e9, "5 ms", True, 0, True)], lossless_ok=True,
+        shaper="delayline", backend="netns", switch=None, shaper_calibration_s={}, transport="gloo-tcp", kernel="k",
+        cpus=2, oversubscribed=True, workers=2, delay_daemons=2, options={"schedules": ["geopipe"]},
+        schedules=[schedule])
+    data = _through_json(summary.to_json())
+    assert RunSummary.from_json(data) == summary
+    assert (data["links"][0]["from"], data["links"][0]["to"]) == ("dc-a", "dc-b")
+    del data["links"][0]["src_dc"], data["links"][0]["dst_dc"]
+    data["schedules"][0]["geo_plan"] = data["schedules"][0].pop("geopipe_sizing")
+    assert RunSummary.from_json(data) == summary

@@ -96,7 +96,7 @@ def test_rules_sit_on_the_receivers_ingress(shaped) -> None:
         assert "NFQUEUE" not in out
     stats = shaper_for(shaped).health().details["daemons"]
     assert set(stats) == {"dc-a-rtr", "dc-b-rtr"}
-    assert stats["dc-b-rtr"]["queues"]["0"]["kernel_stamped"] > 0
+    assert stats["dc-b-rtr"].queues[0].kernel_stamped > 0
 
 
 def test_missing_delay_stage_fails_verification(shaped) -> None:

@@ -9,6 +9,7 @@ from testbed.check.checks import Check
 from testbed.plan.model import LinkDirection
 from testbed.probe.latency import LatencySample, one_way, round_trip
 from testbed.probe.throughput import tcp_throughput
+from testbed.shaping.delayline_shaper import DelaylineShaper
 from testbed.shaping.registry import Shaper
 from testbed.util import units
 
@@ -86,8 +87,9 @@ def check_throughput(backend: Backend, shaper: Shaper | None, seconds: float = 3
 
 
 def daemon_cpu(shaper: Shaper | None, node: str) -> float | None:
-    stats = getattr(shaper, "daemon_stats", lambda _n: None)(node)
-    return None if stats is None else float(stats["cpu_s"])
+    """CPU seconds the delay daemon on `node` has used (None without a delay-line shaper)."""
+    stats = shaper.daemon_stats(node) if isinstance(shaper, DelaylineShaper) else None
+    return None if stats is None else stats.cpu_s
 
 
 def _cpu_share(shaper: Shaper | None, node: str, before: float | None, wall_s: float) -> float | None:

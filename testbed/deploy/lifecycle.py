@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from testbed.state import store as statefile
 from testbed.state.records import MininetRecord, ShaperRecord
 from testbed.state.store import TestbedState
 from testbed.topology import Topology, load_topology
+from testbed.util.paths import resolve_topology
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,3 +126,21 @@ def find_node(node: str, name: str | None) -> Backend:
     if not owners:
         raise BackendError(f"no running testbed has a node named {node!r}; 'testbed status' lists the nodes")
     raise BackendError(f"node {node!r} exists in {', '.join(s.name for s in owners)}; choose one with --name")
+
+
+@contextmanager
+def testbed_for(target: str, *, name: str | None = None, backend: str = "netns", shaper: str = "auto",
+                switch: str = "auto", log: Callable[[str], None] = print) -> Iterator[Backend]:
+    """The backend of the running testbed named `target`, or of a topology (file or shipped name) brought up
+    for the block and removed after it, also when the block fails or SIGTERM/SIGHUP/Ctrl-C interrupt it."""
+    if statefile.exists(target):
+        yield open_backend(target)
+        return
+    with interrupts_unwind():
+        result = up(resolve_topology(target), name, backend=backend, shaper=shaper, switch=switch)
+        owned = result.plan.testbed
+        try:
+            log(f"testbed {owned} up ({result.shaper}); it is removed after the run")
+            yield open_backend(owned)
+        finally:
+            down(owned)

@@ -60,15 +60,12 @@ class Experiment:
         shutil.copy(topo_path, self.dir / "topology.yaml")
         name = f"exp{int(time.time()) % 100000}"
         self.log(f"bringing up {topo_path.name} as {name} ...")
-        lifecycle.up(topo_path, name, backend=s.backend, switch=s.switch)
-        try:
-            backend = lifecycle.open_backend(name)
+        with lifecycle.testbed_for(str(topo_path), name=name, backend=s.backend, switch=s.switch,
+                                   log=lambda _m: None) as backend:
             self._verify(backend)
             (self.dir / "plan.json").write_text(json.dumps(backend.state.plan.to_json(), indent=1))
             self._sweeps(backend)
-        finally:
-            lifecycle.down(name)
-            self.log(f"testbed {name} removed")
+        self.log(f"testbed {name} removed")
         self._write(backend)
         return self.dir
 

@@ -31,8 +31,11 @@ from testbed.state.records import ProcessRecord
 from testbed.util import procs
 from testbed.util.paths import REPO_ROOT
 from workloads.records import RankTrace, WorkerConfig
+from workloads.schedule import SCHEDULES
 
 MASTER_PORT = 29500
+ALL_SCHEDULES = (*SCHEDULES, "torch-1f1b", "torch-gpipe")
+"""Ours (schedules as data) and PyTorch's own, run on the same model and timed the same way."""
 
 
 class RunError(RuntimeError):
@@ -53,6 +56,11 @@ class RunOptions:
     hang_timeout_s: float = 60.0
     lr: float = 3e-3
     seed: int = 1234
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.schedules if s not in ALL_SCHEDULES]
+        if bad or not self.schedules:
+            raise RunError(f"unknown schedule {bad[0] if bad else '(none)'!r}; choose from: {', '.join(ALL_SCHEDULES)}")
 
 
 def stage_links(plan: Plan, hosts: list[Node]) -> list[StageLink]:

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from testbed.shaping import nfqueue
 
@@ -54,7 +55,24 @@ class QueueConfig:
 
 
 @dataclass(slots=True)
+class DaemonConfig:
+    """The daemon's configuration file: written by the shaper, re-read on SIGHUP (a new `generation`)."""
+
+    generation: int
+    queues: list[QueueConfig]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"generation": self.generation, "queues": [asdict(q) for q in self.queues]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DaemonConfig:
+        return cls(int(data.get("generation", 0)), [QueueConfig(**q) for q in data["queues"]])
+
+
+@dataclass(slots=True)
 class QueueStats:
+    """Counters of one queue, since the daemon started."""
+
     packets: int = 0
     released: int = 0
     held: int = 0
@@ -69,6 +87,34 @@ class QueueStats:
     random_drops: int = 0
     """Packets dropped on purpose (configured loss, fault experiments only)."""
     last_id: int = 0
+
+
+@dataclass(kw_only=True, slots=True)
+class DaemonStats:
+    """The daemon's statistics file, rewritten a few times a second while it runs."""
+
+    pid: int
+    ready: bool
+    uptime_s: float
+    advance_us: float
+    spin: bool
+    oversleep_p90_us: float
+    generation: int
+    """Configuration generation in force."""
+    cpu_s: float
+    """User + system CPU time of the daemon."""
+    queues: dict[int, QueueStats]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{k: getattr(self, k) for k in ("pid", "ready", "uptime_s", "advance_us", "spin", "oversleep_p90_us",
+                                                  "generation", "cpu_s")},
+                "queues": {str(q): asdict(s) for q, s in self.queues.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DaemonStats:
+        known = set(QueueStats.__dataclass_fields__)
+        return cls(**{**data, "queues": {int(q): QueueStats(**{k: v for k, v in s.items() if k in known})
+                                         for q, s in data["queues"].items()}})
 
 
 @dataclass(slots=True)
@@ -97,9 +143,9 @@ class DelayLine:
     """Spin to release times (sparse traffic) or rely on the learnt advance (dense traffic)."""
 
     def load_config(self) -> None:
-        raw = json.loads(self.config_path.read_text())
-        self.generation = int(raw.get("generation", 0))
-        self.queues = {q["queue"]: QueueConfig(**q) for q in raw["queues"]}
+        config = DaemonConfig.from_json(json.loads(self.config_path.read_text()))
+        self.generation = config.generation
+        self.queues = {q.queue: q for q in config.queues}
         for q in self.queues:
             self.stats.setdefault(q, QueueStats())
             self.held.setdefault(q, deque())
@@ -206,14 +252,12 @@ class DelayLine:
 
     def write_stats(self) -> None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        stats = {"pid": os.getpid(), "ready": True, "uptime_s": time.monotonic() - self.started,
-                 "advance_us": self.advance_s * 1e6, "spin": self.spin,
-                 "oversleep_p90_us": self.oversleep_p90_s * 1e6, "generation": self.generation,
-                 "cpu_s": usage.ru_utime + usage.ru_stime,
-                 "queues": {str(q): {**asdict(self.queues[q]), **asdict(s)} for q, s in self.stats.items()
-                            if q in self.queues}}
+        stats = DaemonStats(pid=os.getpid(), ready=True, uptime_s=time.monotonic() - self.started,
+                            advance_us=self.advance_s * 1e6, spin=self.spin, oversleep_p90_us=self.oversleep_p90_s * 1e6,
+                            generation=self.generation, cpu_s=usage.ru_utime + usage.ru_stime,
+                            queues={q: s for q, s in self.stats.items() if q in self.queues})
         tmp = self.stats_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(stats))
+        tmp.write_text(json.dumps(stats.to_json()))
         os.replace(tmp, self.stats_path)
 
     def run(self, wakeup: int | None = None) -> None:

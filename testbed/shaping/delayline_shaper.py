@@ -16,13 +16,13 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from testbed.backends import nsfs
 from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb, nfqueue
 from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError
 from testbed.shaping.calibrate import CALIBRATION_HOLD_S, base_one_way
+from testbed.shaping.delayline import DaemonConfig, DaemonStats, QueueConfig
 from testbed.state.records import DaemonFiles, ProcessRecord
 
 READY_TIMEOUT_S = 60.0
@@ -112,9 +112,9 @@ class DelaylineShaper(Shaper):
                 "verify shows the real figure; netem (a stock kernel) goes lower")
 
     @staticmethod
-    def _write_config(path: Path, queues: list[dict[str, Any]], generation: int) -> None:
+    def _write_config(path: Path, queues: list[QueueConfig], generation: int) -> None:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"generation": generation, "queues": queues}, indent=1))
+        tmp.write_text(json.dumps(DaemonConfig(generation, queues).to_json(), indent=1))
         os.replace(tmp, path)
 
     def _reload(self, node: str, generation: int) -> None:
@@ -126,18 +126,18 @@ class DelaylineShaper(Shaper):
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             stats = self.daemon_stats(node)
-            if stats and stats.get("generation", -1) >= generation:
+            if stats and stats.generation >= generation:
                 return
             time.sleep(0.005)
         raise ShaperError(f"delay daemon on {node} did not take its new configuration")
 
     @staticmethod
-    def _queue_config(direction: LinkDirection, subtract: dict[str, float]) -> dict[str, Any]:
-        """Daemon config of one direction (the daemon's JSON): hold for the planned delay minus `subtract`."""
+    def _queue_config(direction: LinkDirection, subtract: dict[str, float]) -> QueueConfig:
+        """Daemon config of one direction: hold for the planned delay minus `subtract[direction]`."""
         base = subtract.get(direction.label, 0.0)
-        return {"queue": queue_number(direction.dst_ifname), "ifname": direction.dst_ifname,
-                "delay_s": max(0.0, direction.delay_s - base), "jitter_s": direction.jitter_s, "loss": direction.loss,
-                "maxlen": direction.delay_queue_packets}
+        return QueueConfig(queue=queue_number(direction.dst_ifname), ifname=direction.dst_ifname,
+                           delay_s=max(0.0, direction.delay_s - base), jitter_s=direction.jitter_s,
+                           loss=direction.loss, maxlen=direction.delay_queue_packets)
 
     def _start_daemon(self, node: str, files: DaemonFiles) -> None:
         log, stats = Path(files.log), Path(files.stats)
@@ -169,12 +169,11 @@ class DelaylineShaper(Shaper):
             htb.change_rate(ipr, direction.src_ifname, direction.rate_bps)
         record = self.record
         config_path = Path(record.daemons[direction.dst_node].config)
-        config = json.loads(config_path.read_text())
+        config = DaemonConfig.from_json(json.loads(config_path.read_text()))
         new = self._queue_config(direction, record.calibration_s)
-        queues = [new if q["queue"] == new["queue"] else q for q in config["queues"]]
-        generation = int(config.get("generation", 0)) + 1
-        self._write_config(config_path, queues, generation)
-        self._reload(direction.dst_node, generation)
+        queues = [new if q.queue == new.queue else q for q in config.queues]
+        self._write_config(config_path, queues, config.generation + 1)
+        self._reload(direction.dst_node, config.generation + 1)
         self._place_hold(direction)
         self.backend.state.save()
 
@@ -182,13 +181,13 @@ class DelaylineShaper(Shaper):
         return next((p for p in self.backend.state.processes if p.role == "delayline" and p.node == node), None)
 
     # -- inspection -------------------------------------------------------------------------------
-    def daemon_stats(self, node: str) -> dict[str, Any] | None:
+    def daemon_stats(self, node: str) -> DaemonStats | None:
         """The daemon's own statistics file (written by `testbed.shaping.delayline`), None while it has none."""
         files = self.record.daemons.get(node)
         if not files:
             return None
         try:
-            return dict(json.loads(Path(files.stats).read_text()))
+            return DaemonStats.from_json(json.loads(Path(files.stats).read_text()))
         except (FileNotFoundError, json.JSONDecodeError):
             return None
 
@@ -236,11 +235,12 @@ class DelaylineShaper(Shaper):
                 counters[d.dst_node] = nfqueue.parse_proc(text)
             qnum = queue_number(d.dst_ifname)
             q = counters[d.dst_node].get(qnum)
-            stats = (self.daemon_stats(d.dst_node) or {}).get("queues", {}).get(str(qnum), {})
+            daemon = self.daemon_stats(d.dst_node)
+            stats = daemon.queues.get(qnum) if daemon else None
             result.append(DirectionDrops(
                 link=d.link, direction=d.label, qdisc_drops=self.qdisc_drops(d),
                 queue_drops=(q.dropped + q.user_dropped) if q else 0,
-                daemon_gaps=int(stats.get("id_gaps", 0)), random_drops=int(stats.get("random_drops", 0))))
+                daemon_gaps=stats.id_gaps if stats else 0, random_drops=stats.random_drops if stats else 0))
         return result
 
 
