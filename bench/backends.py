@@ -35,7 +35,7 @@ def bringup(topology: Path, backend: str, name: str) -> tuple[float, float, int]
     """Seconds to bring up and to tear down, and host pairs that answered."""
     result = lifecycle.up(topology, name, backend=backend, shaper="none")
     try:
-        reach = check_reachability(result.plan.to_json())
+        reach = check_reachability(result.plan)
         assert all(c.ok for c in reach), f"{backend}: {sum(not c.ok for c in reach)} host pairs unreachable"
     finally:
         down_s = lifecycle.down(name)

@@ -28,7 +28,7 @@ from testbed.util.paths import resolve_topology  # noqa: E402
 def time_netns(topology: Path, name: str) -> tuple[float, float, int]:
     result = lifecycle.up(topology, name, shaper="none")
     try:
-        reach = check_reachability(result.plan.to_json())
+        reach = check_reachability(result.plan)
         ok = sum(c.ok for c in reach)
         assert ok == len(reach), f"netns: {len(reach) - ok} host pairs unreachable"
     finally:

@@ -2,34 +2,39 @@
 
 Veth hops, forwarding, the NFQUEUE round trip through the daemon and the probe's own system calls cost
 ~0.05-0.15 ms one way on a 2-core VM. A real link of delay d should deliver d end to end, so shapers first
-hold every packet for a known CALIBRATION_HOLD_S, measure, and then hold for d minus the measured excess
-(never below zero). The report names the figure subtracted.
+hold every packet for a known time, measure, and then hold for d minus the measured excess (never below
+zero). The report names the figure subtracted.
 """
 
 from __future__ import annotations
 
 from testbed.backends.base import Backend
+from testbed.plan.model import LinkDirection
 from testbed.probe.latency import PROBE_INTERVAL_S, one_way
 
 CALIBRATION_PROBES = 10
 CALIBRATION_ROUNDS = 3
 """The calibration is the lowest median of a few rounds, after a discarded warm-up round: a hiccup of the
-host (seen under QEMU TCG: one round 2.6 ms slow) must not be subtracted from every later hold."""
+host must not be subtracted from every later hold."""
 CALIBRATION_HOLD_S = 1e-3
+"""The delay line's calibration hold: its daemon's lateness does not depend on the hold's length."""
+
+
+def excess_one_way(backend: Backend, direction: LinkDirection, installed_hold_s: float) -> float:
+    """One direction's median one-way latency minus the hold the shaper has installed on it."""
+    plan = backend.state.plan
+    medians = []
+    for round_ in range(CALIBRATION_ROUNDS + 1):
+        sample = one_way(backend.netns_path(direction.src_node), backend.netns_path(direction.dst_node),
+                         plan.receiver_address(direction), count=CALIBRATION_PROBES, interval_s=PROBE_INTERVAL_S,
+                         timeout_s=max(1.0, 4 * installed_hold_s + 0.5))
+        if sample.lost or not sample.values_s:
+            raise RuntimeError(f"calibration probe lost on {direction.label}: the link does not carry packets")
+        if round_:                       # round 0 warms up code paths and caches
+            medians.append(sample.median_s)
+    return min(medians) - installed_hold_s
 
 
 def base_one_way(backend: Backend, installed_hold_s: float = 0.0) -> dict[str, float]:
-    """Per OTN direction (label 'A -> B'): median one-way latency minus the hold the shaper has installed."""
-    plan = backend.state.plan
-    result = {}
-    for d in plan.directions:
-        medians = []
-        for round_ in range(CALIBRATION_ROUNDS + 1):
-            sample = one_way(backend.netns_path(d.src_node), backend.netns_path(d.dst_node), plan.receiver_address(d),
-                             count=CALIBRATION_PROBES, interval_s=PROBE_INTERVAL_S)
-            if sample.lost or not sample.values_s:
-                raise RuntimeError(f"calibration probe lost on {d.label}: the link does not carry packets")
-            if round_:                       # round 0 warms up code paths and caches
-                medians.append(sample.median_s)
-        result[d.label] = min(medians) - installed_hold_s
-    return result
+    """Per OTN direction (by label): median one-way latency minus the hold the shaper has installed."""
+    return {d.label: excess_one_way(backend, d, installed_hold_s) for d in backend.state.plan.directions}
