@@ -10,7 +10,7 @@ TESTBED := $(VENV)/bin/testbed
 TOPO ?= 2dc-1000km
 NAME ?=
 BACKEND ?= netns
-APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openvswitch-switch net-tools python3-venv \
+APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openvswitch-switch net-tools python3-venv tmux \
 	python3-dev qemu-system-x86 linux-image-amd64 busybox-static
 STAMP := $(VENV)/.installed
 

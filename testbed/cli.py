@@ -8,6 +8,7 @@ Commands: doctor, plan, up, down, status, exec, verify, link, run, experiment, r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from testbed.shaping.registry import ShaperError
 from testbed.state import store as statefile
 from testbed.topology import TopologyError, load_topology
 from testbed.util import units
+from testbed.util.interrupts import Interrupted, unwinding
 from testbed.util.paths import DEFAULT_TOPOLOGY, resolve_topology
 
 
@@ -195,8 +197,11 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
                   TimeElapsedColumn()) as progress:
         holder: dict[str, int] = {}
-        experiment = Experiment(spec, log=progress.console.print,
-                                advance=lambda: progress.advance(holder["task"]))
+        advance = lambda: progress.advance(holder["task"])  # noqa: E731
+        if args.resume:
+            experiment = Experiment.resume(Path(args.resume), log=progress.console.print, advance=advance)
+        else:
+            experiment = Experiment(spec, log=progress.console.print, advance=advance)
         holder["task"] = progress.add_task("GeoPipe experiment", total=experiment.total_runs())
         exp_dir = experiment.run()
     print(terminal_summary(exp_dir))
@@ -340,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="results")
     p.add_argument("--backend", default="netns", choices=sorted(BACKENDS))
     p.add_argument("--switch", default="auto", choices=SWITCH_KINDS, help="mininet: DC switch")
+    p.add_argument("--resume", metavar="RESULTS_DIR",
+                   help="complete a stopped experiment: run only its missing points, with its recorded options "
+                        "(the options above are then ignored); refused if the topology, code or machine changed")
     p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser("cli", help="Mininet's CLI on a running testbed (either backend)")
@@ -378,7 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if needs_root and os.geteuid() != 0:
             raise BackendError(f"'testbed {args.cmd}' needs root (network namespaces); run it with sudo")
-        return int(args.func(args))
+        with unwinding():
+            return int(args.func(args))
     except TopologyError as exc:
         n = len(exc.problems)
         print(f"testbed: invalid topology {exc.source} ({n} problem{'s' if n != 1 else ''})", file=sys.stderr)
@@ -388,9 +397,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BackendError, ShaperError) as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("testbed: interrupted; everything created by this command was removed", file=sys.stderr)
-        return 130
-    except lifecycle.Interrupted as exc:
-        print(f"testbed: {exc}; everything created by this command was removed", file=sys.stderr)
-        return 143
+    except Interrupted as exc:
+        _say(f"testbed: {exc}; everything this command created was removed")
+        return exc.exit_code
+
+
+def _say(line: str) -> None:
+    """A last line on stderr, which may be a terminal that is already gone (SIGHUP)."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import signal
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 from testbed.backends.base import Backend, BackendError
 from testbed.backends.registry import BACKENDS, backend_for
@@ -18,6 +17,7 @@ from testbed.state import store as statefile
 from testbed.state.records import MininetRecord, ShaperRecord
 from testbed.state.store import TestbedState
 from testbed.topology import Topology, load_topology
+from testbed.util.interrupts import unwinding
 from testbed.util.paths import resolve_topology
 
 
@@ -29,23 +29,6 @@ class UpResult:
     shaped_seconds: float = 0.0
     """Shaper installation, including the calibration probes."""
     shaper: str = "none"
-
-
-class Interrupted(BaseException):
-    """SIGTERM/SIGHUP during a lifecycle operation: unwind and clean up like Ctrl-C."""
-
-
-@contextmanager
-def interrupts_unwind() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into an exception so `finally`/cleanup code runs."""
-    def raise_interrupted(signum: int, _frame: FrameType | None) -> None:
-        raise Interrupted(f"received signal {signal.Signals(signum).name}")
-    previous = {s: signal.signal(s, raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def up(topology_path: Path, name: str | None = None, backend: str = "netns", shaper: str = "auto",
@@ -62,7 +45,7 @@ def up(topology_path: Path, name: str | None = None, backend: str = "netns", sha
     if switch != "auto" and backend != "mininet":
         raise BackendError(f"--switch {switch} applies to --backend mininet only (the {backend} backend bridges "
                            "each DC inside its router namespace)")
-    with interrupts_unwind(), statefile.locked():
+    with unwinding(), statefile.locked():
         if statefile.exists(plan.testbed):
             raise BackendError(f"testbed {plan.testbed!r} is already up; run 'testbed down {plan.testbed}' first "
                                "or give this one another --name")
@@ -71,16 +54,17 @@ def up(topology_path: Path, name: str | None = None, backend: str = "netns", sha
             state.mininet = MininetRecord(switch_requested=switch)
         started = time.perf_counter()
         made = backend_for(state)
-        made.deploy(plan)
-        deployed = time.perf_counter() - started
-        state.shaper = ShaperRecord(name=shaper_name)
-        state.save()
         try:
+            made.deploy(plan)
+            deployed = time.perf_counter() - started
+            state.shaper = ShaperRecord(name=shaper_name)
+            state.save()
             if shaper_name in SHAPERS:
                 SHAPERS[shaper_name](made).apply(plan)
             state.save()
         except BaseException:
-            made.destroy()
+            if state.path.exists():       # a backend that failed mid-deploy has already removed its own
+                made.destroy()
             raise
         return UpResult(plan=plan, seconds=deployed, shaped_seconds=time.perf_counter() - started - deployed,
                         shaper=shaper_name)
@@ -88,7 +72,7 @@ def up(topology_path: Path, name: str | None = None, backend: str = "netns", sha
 
 def down(name: str) -> float:
     """Remove a testbed (also a half-built one whose creator died). Returns the seconds it took."""
-    with interrupts_unwind(), statefile.locked():
+    with unwinding(), statefile.locked():
         if not statefile.exists(name):
             raise BackendError(f"no testbed named {name!r} is up; 'testbed status' lists them")
         started = time.perf_counter()
@@ -136,11 +120,13 @@ def testbed_for(target: str, *, name: str | None = None, backend: str = "netns",
     if statefile.exists(target):
         yield open_backend(target)
         return
-    with interrupts_unwind():
-        result = up(resolve_topology(target), name, backend=backend, shaper=shaper, switch=switch)
-        owned = result.plan.testbed
+    path = resolve_topology(target)
+    owned = name or load_topology(path).name
+    with unwinding():
         try:
+            result = up(path, owned, backend=backend, shaper=shaper, switch=switch)
             log(f"testbed {owned} up ({result.shaper}); it is removed after the run")
             yield open_backend(owned)
         finally:
-            down(owned)
+            if statefile.exists(owned) and TestbedState.load(owned).owner_pid == os.getpid():
+                down(owned)

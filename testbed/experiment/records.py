@@ -68,6 +68,8 @@ class Point:
     predicted_bubble: float | None
     predicted_step_s: float | None
     run_dir: str
+    label: str = ""
+    """The run's name under runs/ (which planned run this is; what a resume skips)."""
 
     @property
     def bubble(self) -> float | None:
@@ -108,6 +110,16 @@ class ExperimentRecord:
     points: list[Point]
     model_only: list[ModelPrediction] = field(default_factory=list)
     model_inputs: StageTimes | None = None
+    message_overhead_s: float = 0.0
+    """The model's one fitted parameter."""
+    partial: bool = False
+    """Stopped before every planned run was measured."""
+    missing: list[str] = field(default_factory=list)
+    """Labels of the planned runs not measured."""
+    stopped: str | None = None
+    """Why it stopped early (an error, or the signal)."""
+    resumed: int = 0
+    """How many times `--resume` continued it."""
 
     def headline_points(self, schedule: str | None = None, km: float | None = None) -> list[Point]:
         """The distance sweep and its repetitions at the sweep's own memory budget (optionally one schedule or
@@ -136,7 +148,9 @@ class ExperimentRecord:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "spec": asdict(self.spec), "environment": self.environment,
                 "points": [p.to_json() for p in self.points], "model_only": [asdict(m) for m in self.model_only],
-                "model_inputs": asdict(self.model_inputs) if self.model_inputs else None}
+                "model_inputs": asdict(self.model_inputs) if self.model_inputs else None,
+                "message_overhead_s": self.message_overhead_s, "partial": self.partial, "missing": self.missing,
+                "stopped": self.stopped, "resumed": self.resumed}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ExperimentRecord:
@@ -144,7 +158,10 @@ class ExperimentRecord:
         return cls(id=data["id"], spec=ExperimentSpec.from_json(data["spec"]), environment=dict(data["environment"]),
                    points=[Point.from_json(p) for p in data["points"]],
                    model_only=[ModelPrediction(**m) for m in data.get("model_only", [])],
-                   model_inputs=StageTimes(**inputs) if inputs else None)
+                   model_inputs=StageTimes(**inputs) if inputs else None,
+                   message_overhead_s=float(data.get("message_overhead_s", 0.0)), partial=bool(data.get("partial")),
+                   missing=list(data.get("missing", [])), stopped=data.get("stopped"),
+                   resumed=int(data.get("resumed", 0)))
 
     @classmethod
     def load(cls, exp_dir: Path) -> ExperimentRecord:

@@ -84,7 +84,8 @@ def budget_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
     rows = [[units.format_size(p.memory_budget), f"{p.bubble:.3f}" if p.bubble is not None else "-",
              "-" if p.predicted_bubble is None else f"{p.predicted_bubble:.3f}",
              units.format_size(p.measured.peak_inflight_activation_bytes),
-             str(p.sizing.extra_inflight if p.sizing else None), str(p.sizing.bound if p.sizing else None)]
+             ", ".join(map(str, p.sizing.extra_inflight)) if p.sizing else "-",
+             ", ".join(p.sizing.bound) if p.sizing else "-"]
             for p in pts]
     return ["memory budget", "bubble geopipe", "model", "peak in-flight", "extra in flight", "bound"], rows
 
@@ -92,6 +93,12 @@ def budget_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
 def headline(record: ExperimentRecord) -> list[str]:
     f = record.focus_table()
     lines = []
+    if record.partial:
+        lines.append(f"PARTIAL: stopped ({record.stopped or 'unknown'}) with {len(record.points)} of "
+                     f"{len(record.points) + len(record.missing)} runs measured; missing: {', '.join(record.missing)}. "
+                     f"Complete it with: testbed experiment --resume <this folder>.")
+    elif record.resumed:
+        lines.append(f"Completed after {record.resumed} resume(s) of a stopped run.")
     if "reduction_mean" in f:
         one, geo = f["bubbles"]["1f1b"], f["bubbles"]["geopipe"]
         lines.append(f"At {f['distance_km']:g} km, over {f['repetitions']} repetitions: 1f1b bubble "

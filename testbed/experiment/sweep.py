@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import json
 import os
 import platform
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from testbed.backends.base import Backend, BackendError
@@ -30,13 +31,38 @@ from testbed.experiment.records import ExperimentRecord, ExperimentSpec, ModelPr
 from testbed.plan.model import LinkDirection
 from testbed.probe.latency import round_trip
 from testbed.run.runner import RunOptions, pipeline_hosts, run_schedules, stage_links
+from testbed.topology import load_topology
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
-from testbed.util.paths import resolve_topology
+from testbed.util.paths import REPO_ROOT, resolve_topology
 from workloads.records import RankTrace
 
 
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One planned run: which sweep, the link, the micro-batches, the schedule, the repetition, the budget."""
+
+    sweep: str
+    km: float
+    rate_bps: float
+    microbatches: int
+    schedule: str
+    repetition: int = 0
+    budget_bytes: int | None = None
+    budget_stash: int | None = None
+    """Budget sweep: the budget in stashes of the 0 km run (its bytes are known once that run is measured)."""
+
+    @property
+    def label(self) -> str:
+        budget = f"-s{self.budget_stash}" if self.budget_stash else (f"-b{self.budget_bytes}" if self.budget_bytes else "")
+        return (f"{self.sweep}-{self.km:g}km-{self.rate_bps / 1e6:g}mbit-m{self.microbatches}-{self.schedule}"
+                f"-r{self.repetition}{budget}")
+
+
 class Experiment:
-    """The whole sweep on one testbed it brings up and tears down; `run()` returns the results folder."""
+    """The whole sweep on one testbed it brings up and tears down; `run()` returns the results folder.
+
+    Stopped early (a failure, Ctrl-C, SIGTERM, SIGHUP), it still writes its summary, points and report for
+    what it measured, marked partial with what is missing; `Experiment.resume(folder)` runs only that."""
 
     def __init__(self, spec: ExperimentSpec, log: Callable[[str], None] = print,
                  advance: Callable[[], None] = lambda: None) -> None:
@@ -46,26 +72,74 @@ class Experiment:
         self.points: list[Point] = []
         self.times: StageTimes | None = None
         self.overhead_s = 0.0
+        self.resumed = 0
+        self.seconds_before = 0.0
         self.started = time.monotonic()
+        first = load_topology(resolve_topology(spec.topology)).links[0]
+        self.base_rate_bps = first.a_to_b.rate_bps
+        """The swept link's own rate (the topology's first OTN link, a -> b): plan.directions[0]."""
+
+    @classmethod
+    def resume(cls, exp_dir: Path, log: Callable[[str], None] = print,
+               advance: Callable[[], None] = lambda: None) -> Experiment:
+        """The experiment recorded in `exp_dir`, to run its missing points with the same configuration.
+        Refuses (naming the difference) when the topology file, the code or the machine changed."""
+        record = ExperimentRecord.load(exp_dir)
+        differences = environment_differences(record, exp_dir)
+        if differences:
+            raise BackendError(f"cannot resume {exp_dir}: " + "; ".join(differences)
+                               + " (start a new experiment instead)")
+        exp = cls(record.spec, log, advance)
+        exp.id, exp.dir, exp.points = record.id, exp_dir, list(record.points)
+        exp.times, exp.overhead_s = record.model_inputs, record.message_overhead_s
+        exp.resumed = record.resumed + 1
+        exp.seconds_before = float(record.environment.get("seconds", 0.0))
+        return exp
+
+    def planned(self) -> list[Setting]:
+        """Every run of the experiment, in the order it runs them (0 km first: the model's inputs)."""
+        s = self.spec
+        rate = self.base_rate_bps
+        out = [Setting("distance", km, rate, s.microbatches, schedule, budget_bytes=s.memory_budget)
+               for km in sorted(s.distances_km, key=lambda d: (d != 0, d)) for schedule in s.schedules]
+        out += [Setting("repeat", s.focus_km, rate, s.microbatches, schedule, rep, budget_bytes=s.memory_budget)
+                for rep in range(1, s.repetitions) for schedule in ("1f1b", "geopipe")]
+        out += [Setting("budget", s.focus_km, rate, s.microbatches, "geopipe", budget_stash=k) for k in s.budgets_stash]
+        out += [Setting("rate", s.focus_km, r * 1e6, s.microbatches, schedule, budget_bytes=s.memory_budget)
+                for r in s.rates_mbit for schedule in ("1f1b", "geopipe")]
+        out += [Setting("microbatches", s.focus_km, rate, m, schedule, budget_bytes=s.memory_budget)
+                for m in s.microbatch_counts for schedule in ("1f1b", "geopipe")]
+        return out
+
+    def missing(self) -> list[Setting]:
+        done = {p.label for p in self.points}
+        return [st for st in self.planned() if st.label not in done]
 
     def total_runs(self) -> int:
-        s = self.spec
-        n = len(s.distances_km) * len(s.schedules) + (s.repetitions - 1) * 2 + len(s.budgets_stash)
-        return n + len(s.rates_mbit) * 2 + len(s.microbatch_counts) * 2
+        return len(self.missing())
 
     def run(self) -> Path:
         s = self.spec
         self.dir.mkdir(parents=True, exist_ok=True)
         topo_path = resolve_topology(s.topology)
-        shutil.copy(topo_path, self.dir / "topology.yaml")
+        if not self.resumed:
+            shutil.copy(topo_path, self.dir / "topology.yaml")
         name = f"exp{int(time.time()) % 100000}"
-        self.log(f"bringing up {topo_path.name} as {name} ...")
-        with lifecycle.testbed_for(str(topo_path), name=name, backend=s.backend, switch=s.switch,
-                                   log=lambda _m: None) as backend:
-            self._verify(backend)
-            (self.dir / "plan.json").write_text(json.dumps(backend.state.plan.to_json(), indent=1))
-            self._sweeps(backend)
-        self.log(f"testbed {name} removed")
+        self.log(f"bringing up {topo_path.name} as {name} ..."
+                 + (f" (resuming: {len(self.points)} points measured, {len(self.missing())} to go)" if self.resumed else ""))
+        backend: Backend | None = None
+        try:
+            with lifecycle.testbed_for(str(self.dir / "topology.yaml"), name=name, backend=s.backend, switch=s.switch,
+                                       log=lambda _m: None) as backend:
+                self._verify(backend)
+                (self.dir / "plan.json").write_text(json.dumps(backend.state.plan.to_json(), indent=1))
+                self._sweeps(backend)
+            self.log(f"testbed {name} removed")
+        except BaseException as exc:
+            self._write(backend, stopped=str(exc) or type(exc).__name__)
+            self.log(f"stopped ({exc or type(exc).__name__}); testbed {name} removed; {len(self.points)} points kept "
+                     f"in {self.dir}: resume with 'testbed experiment --resume {self.dir}'")
+            raise
         self._write(backend)
         return self.dir
 
@@ -82,59 +156,41 @@ class Experiment:
         return backend.state.plan.directions[0]
 
     def _sweeps(self, backend: Backend) -> None:
-        s = self.spec
         swept = self._swept(backend)
-        a, b, base_rate = swept.src_dc, swept.dst_dc, swept.rate_bps
-        for km in sorted(s.distances_km, key=lambda d: (d != 0, d)):      # 0 km first: the model's inputs
-            self._set(backend, a, b, km, base_rate)
-            rtt = self._rtt(backend)
-            for schedule in s.schedules:
-                self._point(backend, "distance", km, base_rate, s.microbatches, schedule, 0, s.memory_budget, rtt)
-        self._set(backend, a, b, s.focus_km, base_rate)
-        rtt = self._rtt(backend)
-        for rep in range(1, s.repetitions):
-            for schedule in ("1f1b", "geopipe"):
-                self._point(backend, "repeat", s.focus_km, base_rate, s.microbatches, schedule, rep, s.memory_budget,
-                            rtt)
-        stash = max(self.times.stash_bytes) if self.times else 0
-        for k in s.budgets_stash:
-            self._point(backend, "budget", s.focus_km, base_rate, s.microbatches, "geopipe", 0, k * stash, rtt)
-        for rate in s.rates_mbit:
-            self._set(backend, a, b, s.focus_km, rate * 1e6)
-            rtt = self._rtt(backend)
-            for schedule in ("1f1b", "geopipe"):
-                self._point(backend, "rate", s.focus_km, rate * 1e6, s.microbatches, schedule, 0, s.memory_budget, rtt)
-        if s.microbatch_counts:
-            self._set(backend, a, b, s.focus_km, base_rate)
-            for m in s.microbatch_counts:
-                for schedule in ("1f1b", "geopipe"):
-                    self._point(backend, "microbatches", s.focus_km, base_rate, m, schedule, 0, s.memory_budget, rtt)
-
-    def _set(self, backend: Backend, a: str, b: str, km: float, rate_bps: float) -> None:
-        set_link(backend, a, b, delay_s=km * FIBRE_DELAY_S_PER_KM, rate_bps=rate_bps)
+        link: tuple[float, float] | None = None
+        rtt = float("nan")
+        for setting in self.missing():
+            if link != (setting.km, setting.rate_bps):
+                set_link(backend, swept.src_dc, swept.dst_dc, delay_s=setting.km * FIBRE_DELAY_S_PER_KM,
+                         rate_bps=setting.rate_bps)
+                link, rtt = (setting.km, setting.rate_bps), self._rtt(backend)
+            self._point(backend, setting, rtt)
 
     def _rtt(self, backend: Backend) -> float:
         swept = self._swept(backend)
         sample = round_trip(backend.netns_path(swept.src_node), backend.state.plan.receiver_address(swept), count=10)
         return sample.median_s
 
-    def _point(self, backend: Backend, sweep: str, km: float, rate_bps: float, microbatches: int, schedule: str,
-               rep: int, budget: int | None, rtt: float) -> None:
+    def _point(self, backend: Backend, setting: Setting, rtt: float) -> None:
         s = self.spec
-        label = f"{sweep}-{km:g}km-{rate_bps / 1e6:g}mbit-m{microbatches}-{schedule}-r{rep}" + (
-            f"-b{budget}" if budget else "")
-        options = RunOptions(schedules=[schedule], microbatches=microbatches, iterations=s.iterations,
-                             model=s.model, memory_budget=budget)
-        elapsed = time.monotonic() - self.started
-        self.log(f"[{elapsed:5.0f} s] {sweep}: {km:g} km, {rate_bps / 1e6:g} Mbit/s, m={microbatches}, {schedule}"
-                 + (f", budget {budget / 2**20:.1f} MiB" if budget else "") + (f", repetition {rep + 1}" if rep else ""))
-        run_dir, summary = run_schedules(backend, options, self.dir / "runs", run_id=label, log=lambda _m: None)
+        budget = setting.budget_bytes
+        if setting.budget_stash is not None:
+            budget = setting.budget_stash * (max(self.times.stash_bytes) if self.times else 0)
+        options = RunOptions(schedules=[setting.schedule], microbatches=setting.microbatches, iterations=s.iterations,
+                             model=s.model, memory_budget=budget or None)
+        elapsed = time.monotonic() - self.started + self.seconds_before
+        self.log(f"[{elapsed:5.0f} s] {setting.sweep}: {setting.km:g} km, {setting.rate_bps / 1e6:g} Mbit/s, "
+                 f"m={setting.microbatches}, {setting.schedule}"
+                 + (f", budget {budget / 2**20:.1f} MiB" if budget else "")
+                 + (f", repetition {setting.repetition + 1}" if setting.repetition else ""))
+        run_dir, summary = run_schedules(backend, options, self.dir / "runs", run_id=setting.label, log=lambda _m: None)
         measured = summary.schedules[0]
-        if self.times is None and schedule == "1f1b" and km == 0:
-            self._fit_model(backend, run_dir, measured.step_time_s, microbatches)
-        point = Point(sweep=sweep, distance_km=km, delay_s=km * FIBRE_DELAY_S_PER_KM, rate_bps=rate_bps,
-                      microbatches=microbatches, schedule=schedule, repetition=rep, memory_budget=budget, rtt_s=rtt,
-                      measured=measured, predicted_bubble=None, predicted_step_s=None, run_dir=str(run_dir))
+        if self.times is None and setting.schedule == "1f1b" and setting.km == 0:
+            self._fit_model(backend, run_dir, measured.step_time_s, setting.microbatches)
+        point = Point(sweep=setting.sweep, distance_km=setting.km, delay_s=setting.km * FIBRE_DELAY_S_PER_KM,
+                      rate_bps=setting.rate_bps, microbatches=setting.microbatches, schedule=setting.schedule,
+                      repetition=setting.repetition, memory_budget=budget or None, rtt_s=rtt, measured=measured,
+                      predicted_bubble=None, predicted_step_s=None, run_dir=str(run_dir), label=setting.label)
         self._predict(backend, point)
         self.points.append(point)
         self.log(f"        bubble {point.bubble:.3f}"
@@ -171,24 +227,29 @@ class Experiment:
                           self.overhead_s)
         point.predicted_bubble, point.predicted_step_s = pred.mean_bubble_ratio, pred.iteration_s
 
-    def _write(self, backend: Backend) -> None:
-        state = backend.state
+    def _write(self, backend: Backend | None, stopped: str | None = None) -> None:
+        """summary.json, points.csv, environment.json, plots and report of what was measured (all of it, or
+        what a stopped run got to, marked partial with what is missing)."""
+        state = backend.state if backend else None
         env = {"kernel": platform.release(), "python": platform.python_version(), "machine": platform.machine(),
-               "backend": backend.name, "mininet": state.mininet.to_json() if state.mininet else None,
-               "shaper": state.shaper_name, "shaper_calibration_s": state.shaper.calibration_s if state.shaper else None,
+               "hostname": platform.node(), "code": code_version(), "backend": self.spec.backend,
+               "mininet": state.mininet.to_json() if state and state.mininet else None,
+               "shaper": state.shaper_name if state else "none",
+               "shaper_calibration_s": state.shaper.calibration_s if state and state.shaper else None,
                "transport": "gloo-tcp", "versions": _versions(), "cpus": os.cpu_count(),
-               "seconds": time.monotonic() - self.started}
+               "seconds": time.monotonic() - self.started + self.seconds_before}
         (self.dir / "environment.json").write_text(json.dumps(env, indent=1))
         predictions = []
         if self.times is not None:
-            rate = self._swept(backend).rate_bps
             for km in self.spec.predict_km:
                 for schedule in self.spec.schedules:
                     pred, _ = predict(schedule, self.times, self.spec.microbatches, [km * FIBRE_DELAY_S_PER_KM],
-                                      [rate], self.spec.memory_budget, self.overhead_s)
+                                      [self.base_rate_bps], self.spec.memory_budget, self.overhead_s)
                     predictions.append(ModelPrediction(km, schedule, pred.mean_bubble_ratio, pred.iteration_s))
+        missing = [st.label for st in self.missing()]
         record = ExperimentRecord(id=self.id, spec=self.spec, environment=env, points=self.points,
-                                  model_only=predictions, model_inputs=self.times)
+                                  model_only=predictions, model_inputs=self.times, message_overhead_s=self.overhead_s,
+                                  partial=bool(missing), missing=missing, stopped=stopped, resumed=self.resumed)
         record.save(self.dir)
         with open(self.dir / "points.csv", "w", newline="") as f:
             writer = csv.writer(f)
@@ -204,6 +265,36 @@ class Experiment:
                                  _r(m.loss_last)])
         plots.render_all(self.dir)
         report.write_report(self.dir)
+
+
+def code_version() -> str:
+    """A fingerprint of the code that measures (testbed/ and workloads/ sources): resumes must match it."""
+    digest = hashlib.sha1()
+    for path in sorted([*(REPO_ROOT / "testbed").rglob("*.py"), *(REPO_ROOT / "workloads").rglob("*.py")]):
+        digest.update(path.relative_to(REPO_ROOT).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def environment_differences(record: ExperimentRecord, exp_dir: Path) -> list[str]:
+    """What differs between the recorded experiment and a resume here and now (empty: it may resume)."""
+    env = record.environment
+    found = []
+    current = resolve_topology(record.spec.topology)
+    recorded = exp_dir / "topology.yaml"
+    if not recorded.exists():
+        found.append(f"{recorded} is missing")
+    elif current.exists() and current.read_bytes() != recorded.read_bytes():
+        found.append(f"the topology file {current} changed since the experiment began")
+    if env.get("code") != code_version():
+        found.append(f"the code differs (recorded {env.get('code')}, here {code_version()})")
+    for key, now in (("hostname", platform.node()), ("kernel", platform.release()), ("machine", platform.machine()),
+                     ("cpus", os.cpu_count())):
+        if env.get(key) != now:
+            found.append(f"the machine differs: {key} {env.get(key)!r} recorded, {now!r} here")
+    if not record.partial:
+        found.append("it is complete: nothing is missing")
+    return found
 
 
 def _r(value: float | None, scale: float = 1.0) -> str:

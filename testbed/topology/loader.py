@@ -46,6 +46,7 @@ BUILTIN_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 DEFAULT_ADDRESS_BASE = "10.100.0.0/16"
 MAX_RATE_BPS = 100e9
+MAX_TOPOLOGY_BYTES = 1024 * 1024
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -56,6 +57,11 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a key must be a name, not a {type(key).__name__}", key_node.start_mark) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (each key may appear once)", key_node.start_mark)
@@ -130,10 +136,19 @@ def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology file. Raises `TopologyError` naming the file for any problem."""
     source = str(path)
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_TOPOLOGY_BYTES + 1)
     except OSError as exc:
         raise TopologyError(source, [Problem("", f"cannot read file: {exc.strerror}",
                                              "give the path of a topology YAML file (see topologies/)")]) from exc
+    if len(data) > MAX_TOPOLOGY_BYTES:
+        raise TopologyError(source, [Problem("", f"the file is larger than {MAX_TOPOLOGY_BYTES // 1024} KiB",
+                                             "a topology is a short YAML file; is this the right path?")])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TopologyError(source, [Problem("", f"not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x})",
+                                             "save the file as UTF-8 text")]) from None
     return parse_topology(text, source)
 
 
@@ -141,6 +156,9 @@ def parse_topology(text: str, source: str = "<string>") -> Topology:
     """Validate topology YAML text. `source` names the file in error messages."""
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+    except RecursionError:
+        raise TopologyError(source, [Problem("", "the document is nested too deeply",
+                                             "a topology nests a few levels: datacenters, links, their keys")]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -1,0 +1,189 @@
+"""Interruption as users cause it: Ctrl-C typed in a real terminal (tmux send-keys C-c), the terminal closed
+(tmux kill-session: the pty hangs up, SIGHUP), and `kill -TERM` (what timeout, CI and schedulers send), at
+several points of `testbed run` and `testbed experiment`. Each must leave no namespace, state file or
+process of its own behind, say why it stopped, and (experiment) keep what it measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO, netns_with_prefix
+
+from testbed.state import store as state
+
+pytestmark = [pytest.mark.root, pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (make install: apt tmux)")]
+
+SMALL = ["--microbatches", "4", "--layers", "2", "--width", "64", "--heads", "2", "--seq-len", "32"]
+
+
+class Terminal:
+    """A command in its own tmux pane (private tmux server): the pane's process is the command itself."""
+
+    def __init__(self, socket: str, session: str, argv: list[str], log: Path) -> None:
+        self.socket, self.session, self.log = socket, session, log
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in (("TESTBED_STATE_DIR", str(state.state_dir())),
+                                                              ("PATH", os.environ["PATH"])))
+        line = f"cd {shlex.quote(str(REPO))} && exec env {env} {shlex.join(argv)} > {shlex.quote(str(log))} 2>&1"
+        self._tmux("new-session", "-d", "-s", session, "-x", "200", "-y", "50", line)
+        self._tmux("set-option", "-t", session, "remain-on-exit", "on")
+        self.pid = int(self._tmux("display-message", "-p", "-t", session, "#{pane_pid}").strip())
+
+    def _tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True).stdout
+
+    def ctrl_c(self) -> None:
+        self._tmux("send-keys", "-t", self.session, "C-c")
+
+    def close(self) -> None:
+        self._tmux("kill-session", "-t", self.session)
+
+    def wait_exit(self, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return
+            if _zombie(self.pid):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the command did not end within {timeout_s} s of the signal:\n{self.output()}")
+
+    def status(self) -> int | None:
+        """The exit status tmux shows for the dead pane (it lags the process's end by a moment)."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            out = subprocess.run(["tmux", "-L", self.socket, "display-message", "-p", "-t", self.session,
+                                  "#{pane_dead_status}"], capture_output=True, text=True).stdout.strip()
+            if out:
+                return int(out)
+            time.sleep(0.05)
+        return None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.fixture
+def terminal(tmp_path: Path) -> Iterator[Callable[[list[str]], Terminal]]:
+    socket = f"tbtest{os.getpid()}"
+    made: list[Terminal] = []
+
+    def start(argv: list[str]) -> Terminal:
+        made.append(Terminal(socket, f"t{len(made)}", argv, tmp_path / f"out-{len(made)}.log"))
+        return made[-1]
+
+    yield start
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True)
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, term: Terminal, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"never reached {what}:\n{term.output()}")
+
+
+def _processes_mentioning(*needles: str) -> list[str]:
+    """Command lines of live processes that mention one of these paths (a check only: nothing is killed)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+            if cmd.startswith("tmux "):              # the terminal itself (its server names the log file)
+                continue
+            if any(n in cmd for n in needles) and not _zombie(int(entry)):
+                found.append(f"{entry}: {cmd[:160]}")
+    return found
+
+
+def _assert_nothing_left(name: str, results: Path) -> None:
+    assert netns_with_prefix(f"tb-{name}-") == []
+    assert not (state.state_dir() / f"{name}.json").exists()
+    assert _processes_mentioning(str(results), str(state.state_dir() / name)) == []
+
+
+POINTS = {
+    "bring-up": lambda name, term: (state.state_dir() / f"{name}.json").exists(),
+    "warm-up": lambda name, term: "running 1f1b" in term.output(),
+    "a schedule": lambda name, term: "1f1b iteration 2:" in term.output(),
+    "between schedules": lambda name, term: "running geopipe" in term.output(),
+}
+STOPS = {
+    "SIGINT": (lambda term: term.ctrl_c(), 130),
+    "SIGTERM": (lambda term: os.kill(term.pid, signal.SIGTERM), 143),
+    "SIGHUP": (lambda term: term.close(), None),       # the terminal is gone: no status to read
+}
+
+
+@pytest.mark.parametrize("point", list(POINTS))
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_run_stopped_at_any_point_leaves_nothing(stop: str, point: str, unique_name: str, tmp_path: Path,
+                                                 terminal: Callable[[list[str]], Terminal]) -> None:
+    results = tmp_path / "results"
+    term = terminal([sys.executable, "-m", "testbed", "run", "2dc-1000km", "--name", unique_name, "--schedule",
+                     "1f1b,geopipe", "--iterations", "6", "--results", str(results), *SMALL])
+    _wait_for(lambda: POINTS[point](unique_name, term), point, term)
+    send, code = STOPS[stop]
+    send(term)
+    term.wait_exit()
+    if code is not None:
+        assert term.status() == code, term.output()
+        assert f"received {stop}; everything this command created was removed" in term.output()
+    _assert_nothing_left(unique_name, results)
+
+
+def test_experiment_stopped_keeps_its_points_and_resumes_to_the_full_table(
+        unique_name: str, tmp_path: Path, terminal: Callable[[list[str]], Terminal]) -> None:
+    results = tmp_path / "results"
+    argv = [sys.executable, "-m", "testbed", "experiment", "--distances", "0,100", "--repetitions", "1",
+            "--budgets", "", "--microbatches", "4", "--iterations", "2", "--results", str(results)]
+    term = terminal(argv)
+    _wait_for(lambda: term.output().count("bubble ") >= 2, "two measured points", term, timeout_s=240)
+    os.kill(term.pid, signal.SIGTERM)
+    term.wait_exit()
+    assert term.status() == 143, term.output()
+    (exp_dir,) = results.iterdir()
+    doc = json.loads((exp_dir / "summary.json").read_text())
+    assert doc["partial"] and doc["stopped"] == "received SIGTERM" and len(doc["points"]) >= 2
+    assert len(doc["points"]) + len(doc["missing"]) == 6
+    assert "PARTIAL" in (exp_dir / "report.md").read_text() and (exp_dir / "report.html").exists()
+    report = subprocess.run([sys.executable, "-m", "testbed", "report", str(exp_dir)], capture_output=True, text=True,
+                            cwd=REPO, timeout=120)
+    assert report.returncode == 0 and "PARTIAL" in report.stdout
+    assert netns_with_prefix("tb-exp") == [] and _processes_mentioning(str(results)) == []
+    before = {p["label"] for p in doc["points"]}
+
+    resumed = terminal([sys.executable, "-m", "testbed", "experiment", "--resume", str(exp_dir)])
+    resumed.wait_exit(timeout_s=400)
+    assert resumed.status() == 0, resumed.output()
+    done = json.loads((exp_dir / "summary.json").read_text())
+    assert not done["partial"] and done["missing"] == [] and done["resumed"] == 1
+    assert len(done["points"]) == 6 and before <= {p["label"] for p in done["points"]}
+    assert f"{len(doc['missing'])} to go" in " ".join(resumed.output().split())
+    again = subprocess.run([sys.executable, "-m", "testbed", "experiment", "--resume", str(exp_dir)],
+                           capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert again.returncode == 1 and "it is complete" in again.stderr
