@@ -176,6 +176,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise BackendError(str(exc)) from None
     print(summary.render())
     print(f"\nresults: {run_dir} (summary.json, trace.json for chrome://tracing or ui.perfetto.dev)")
+    if not summary.lossless_ok:
+        print("testbed: packets were lost on a lossless link during the run (see summary.json)", file=sys.stderr)
+        return 1
     return 0
 
 

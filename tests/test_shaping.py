@@ -214,3 +214,42 @@ def test_delay_below_the_daemon_floor_uses_the_native_path_and_says_so(unique_na
         assert abs(_delay_ms(delays["dc-a--dc-b dc-a -> dc-b"]) - 3.0) < 0.15
     finally:
         run_cli("down", unique_name)
+
+
+def test_a_killed_delay_daemon_is_restarted_and_its_loss_is_counted(unique_name: str, tmp_path: Path) -> None:
+    """kill -9 of a delay daemon in the middle of a training run: its supervisor starts it again within a
+    second, training finishes, and the packets lost (held by the dead daemon or arriving before the new one
+    bound its queue) are counted in the run's summary (not lossless), in `status` and in `verify`."""
+    from testbed.shaping.supervisor import SupervisorStatus
+
+    run_cli("up", "2dc-1000km", "--name", unique_name, "--shaper", "delayline", "--verify", "skip")
+    try:
+        status_file = Path(os.environ["TESTBED_STATE_DIR"]) / unique_name / "delayline-dc-b-rtr.status.json"
+        first = SupervisorStatus.from_json(json.loads(status_file.read_text()))
+        results = tmp_path / "results"
+        run = subprocess.Popen([sys.executable, "-m", "testbed", "run", unique_name, "--schedule", "1f1b",
+                                "--iterations", "12", "--microbatches", "8", "--results", str(results)],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert run.stdout is not None
+        for line in run.stdout:
+            if "1f1b iteration 2:" in line:
+                break
+        os.kill(first.daemon_pid, signal.SIGKILL)
+        output = run.stdout.read()
+        assert run.wait(timeout=300) == 1, output               # finished, but says it was not lossless
+        assert "lost on lossless links" in output and "1 delay daemon restart" in output, output
+        after = SupervisorStatus.from_json(json.loads(status_file.read_text()))
+        assert after.restarts == 1 and after.daemon_pid != first.daemon_pid and not after.gave_up
+        assert after.deaths[0].how == "signal SIGKILL" and after.deaths[0].gap_s < 1.0, after
+        (summary_file,) = results.glob("*/summary.json")
+        summary = json.loads(summary_file.read_text())
+        assert summary["daemon_restarts"] == 1 and not summary["lossless_ok"]
+        into_b = next(lk for lk in summary["links"] if lk["dst_dc"] == "dc-b")
+        assert into_b["drops_during_run"] > 0
+        status = json.loads(run_cli("status", unique_name, "--json").stdout)
+        assert status["health"] == "ok" and any("restarted 1" in e for e in status["shaper"]["events"])
+        assert next(lk for lk in status["links"] if lk["dst_dc"] == "dc-b")["drops"] == into_b["drops_during_run"]
+        verify = run_cli("verify", unique_name, "--quick", check=False)
+        assert verify.returncode == 1 and "drops" in verify.stdout
+    finally:
+        run_cli("down", unique_name)

@@ -10,6 +10,7 @@ from typing import Any
 from pyroute2 import IPRoute
 
 from testbed.backends import nsfs
+from testbed.backends.base import BackendError
 from testbed.backends.registry import backend_for
 from testbed.shaping.registry import shaper_for
 from testbed.state.store import TestbedState
@@ -44,6 +45,9 @@ class DirectionStatus:
     lossless: bool
     delay_by: str
     """The shaper, or `native path` where the delay line adds no hold."""
+    drops: int | None = None
+    """Unintended drops since bring-up (every qdisc, queue and delay-daemon counter, packets lost while a
+    delay daemon was down); None when the testbed is not up."""
 
     @property
     def label(self) -> str:
@@ -69,6 +73,8 @@ class ShaperStatus:
     calibration_s: dict[str, float] = field(default_factory=dict)
     native_path: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    """Things that happened and were repaired (a delay daemon restarted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +108,12 @@ class TestbedStatus:
                     for sw in self.switches]
             out.append(table.render(["switch", "dc", "kind", "ports", "present"], rows,
                                     "\nMininet switches (root namespace)"))
-        rows = [(lk.link, lk.label, units.format_time(lk.delay_s), units.format_rate(lk.rate_bps), lk.delay_by)
-                for lk in self.links]
-        out.append(table.render(["link", "direction", "one-way delay", "rate", "delay by"], rows,
+        rows = [(lk.link, lk.label, units.format_time(lk.delay_s), units.format_rate(lk.rate_bps), lk.delay_by,
+                 "-" if lk.drops is None else str(lk.drops)) for lk in self.links]
+        out.append(table.render(["link", "direction", "one-way delay", "rate", "delay by", "drops"], rows,
                                 "\nOTN links (configured)"))
         out += [f"note: {warning}" for warning in self.shaper.warnings]
+        out += [f"event: {event}" for event in self.shaper.events]
         return "\n".join(out)
 
 
@@ -116,8 +123,9 @@ def describe(state: TestbedState) -> TestbedStatus:
     nodes = [NodeStatus(n.name, n.dc, n.role, n.netns, f"ip netns exec {n.netns} CMD  (or: testbed exec {n.name} -- CMD)",
                         n.addresses, nsfs.exists(n.netns)) for n in plan.nodes]
     shaper = shaper_status(state)
+    drops = _drops(state)
     links = [DirectionStatus(d.link, d.src_dc, d.dst_dc, d.delay_s, d.rate_bps, d.jitter_s, d.loss, d.lossless,
-                             "native path" if d.label in shaper.native_path else shaper.name)
+                             "native path" if d.label in shaper.native_path else shaper.name, drops.get(d.label))
              for d in plan.directions]
     missing = [n.name for n in nodes if not n.present]
     switches = _switches(state)
@@ -141,11 +149,27 @@ def shaper_status(state: TestbedState) -> ShaperStatus:
     if state.phase != "up":
         return ShaperStatus(state.shaper_name)
     shaper = shaper_for(backend_for(state))
-    problems = ["no shaper: OTN links carry no delay or rate limit"] if shaper is None else shaper.health().problems
+    health = shaper.health() if shaper else None
+    problems = ["no shaper: OTN links carry no delay or rate limit"] if health is None else health.problems
+    events = health.events if health else []
     record = state.shaper
     if record is None:
-        return ShaperStatus(state.shaper_name, problems)
-    return ShaperStatus(record.name, problems, dict(record.calibration_s), list(record.native), list(record.warnings))
+        return ShaperStatus(state.shaper_name, problems, events=events)
+    return ShaperStatus(record.name, problems, dict(record.calibration_s), list(record.native), list(record.warnings),
+                        events)
+
+
+def _drops(state: TestbedState) -> dict[str, int]:
+    """Unintended drops per direction label, for a testbed that is up and shaped."""
+    if state.phase != "up":
+        return {}
+    shaper = shaper_for(backend_for(state))
+    if shaper is None:
+        return {}
+    try:
+        return {d.direction: d.unintended for d in shaper.drops()}
+    except BackendError:          # a namespace is gone: health says so
+        return {}
 
 
 def _switches(state: TestbedState) -> list[SwitchStatus]:

@@ -70,6 +70,10 @@ class Point:
     run_dir: str
     label: str = ""
     """The run's name under runs/ (which planned run this is; what a resume skips)."""
+    lossless_ok: bool = True
+    """No packet was lost on a lossless link during the run."""
+    lost_packets: int = 0
+    daemon_restarts: int = 0
 
     @property
     def bubble(self) -> float | None:

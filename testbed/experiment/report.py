@@ -105,6 +105,11 @@ def headline(record: ExperimentRecord) -> list[str]:
                      f"{statistics.mean(one):.3f} [{min(one):.3f}-{max(one):.3f}], geopipe {statistics.mean(geo):.3f} "
                      f"[{min(geo):.3f}-{max(geo):.3f}]: geopipe cuts the bubble ratio by {f['reduction_mean']:.1%} "
                      f"(spread {f['reduction_min']:.1%}-{f['reduction_max']:.1%}; GeoPipe paper: up to 78.91 %).")
+    lossy = [p for p in record.points if not p.lossless_ok]
+    if lossy:
+        lines.append(f"NOT LOSSLESS: {len(lossy)} run(s) lost packets on a lossless link ("
+                     + ", ".join(f"{p.label}: {p.lost_packets} packets, {p.daemon_restarts} daemon restart(s)"
+                                 for p in lossy) + "); their figures include TCP's recovery.")
     env = record.environment
     backend = env.get("backend", "netns")
     if env.get("mininet"):

@@ -190,7 +190,9 @@ class Experiment:
         point = Point(sweep=setting.sweep, distance_km=setting.km, delay_s=setting.km * FIBRE_DELAY_S_PER_KM,
                       rate_bps=setting.rate_bps, microbatches=setting.microbatches, schedule=setting.schedule,
                       repetition=setting.repetition, memory_budget=budget or None, rtt_s=rtt, measured=measured,
-                      predicted_bubble=None, predicted_step_s=None, run_dir=str(run_dir), label=setting.label)
+                      predicted_bubble=None, predicted_step_s=None, run_dir=str(run_dir), label=setting.label,
+                      lossless_ok=summary.lossless_ok, daemon_restarts=summary.daemon_restarts,
+                      lost_packets=sum(lk.drops_during_run or 0 for lk in summary.links if lk.lossless))
         self._predict(backend, point)
         self.points.append(point)
         self.log(f"        bubble {point.bubble:.3f}"

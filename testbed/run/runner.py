@@ -26,6 +26,7 @@ from testbed.plan.builder import HOST_IFNAME
 from testbed.plan.model import Node, Plan
 from testbed.run import metrics
 from testbed.run.summary import LinkRecord, RunSummary, StageLink, StagePlacement
+from testbed.shaping.delayline_shaper import DelaylineShaper
 from testbed.shaping.registry import shaper_for
 from testbed.state.records import ProcessRecord
 from testbed.util import procs
@@ -186,6 +187,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *, 
     run_dir.mkdir(parents=True, exist_ok=True)
     shaper = shaper_for(backend)
     drops_before = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
+    restarts_before = _restarts(shaper)
     delay_checks = check_delays(backend, probes=10)
     cpus = os.cpu_count() or 1
     daemons = sum(1 for p in backend.state.processes if p.role == "delayline")
@@ -225,10 +227,18 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *, 
         switch=backend.state.mininet.switch if backend.state.mininet else None,
         shaper_calibration_s=dict(backend.state.shaper.calibration_s) if backend.state.shaper else {},
         transport="gloo-tcp", kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed,
-        workers=len(hosts), delay_daemons=daemons, options=asdict(options), schedules=summaries)
+        workers=len(hosts), delay_daemons=daemons, options=asdict(options), schedules=summaries,
+        daemon_restarts=_restarts(shaper) - restarts_before)
     (run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=1))
     (run_dir / "trace.json").write_text(json.dumps(metrics.chrome_trace(traces)))
     (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
     if not summary.lossless_ok:
-        raise RunError(f"drops on a lossless link during the run (see {run_dir / 'summary.json'})")
+        lost = sum(lk.drops_during_run or 0 for lk in links if lk.lossless)
+        log(f"WARNING: {lost} packet(s) lost on lossless links during the run"
+            + (f" ({summary.daemon_restarts} delay daemon restart(s))" if summary.daemon_restarts else "")
+            + ": this run is not lossless (summary.json: lossless_ok false, links[].drops_during_run)")
     return run_dir, summary
+
+
+def _restarts(shaper: object) -> int:
+    return sum(shaper.restarts().values()) if isinstance(shaper, DelaylineShaper) else 0

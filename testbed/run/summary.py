@@ -112,6 +112,8 @@ class RunSummary:
     options: dict[str, Any]
     """The run's options (RunOptions as JSON)."""
     schedules: list[ScheduleSummary] = field(default_factory=list)
+    daemon_restarts: int = 0
+    """Delay daemons that died during the run and were started again (their lost packets are in `links`)."""
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -29,10 +29,13 @@ class DirectionDrops:
     """Packet ids the delay daemon never saw."""
     random_drops: int = 0
     """Intended drops (configured loss, fault experiments)."""
+    lost_without_listener: int = 0
+    """Packets that entered the delay line and never left it, beyond the counters above: those a dead daemon
+    held and those that arrived before its restart (entered - delivered - held - the drops above)."""
 
     @property
     def unintended(self) -> int:
-        return self.qdisc_drops + self.queue_drops + self.daemon_gaps
+        return self.qdisc_drops + self.queue_drops + self.daemon_gaps + self.lost_without_listener
 
 
 @dataclass(slots=True)
@@ -40,6 +43,8 @@ class Health:
     """What the shaper finds installed versus what it installed."""
 
     problems: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    """What happened that is not a problem now (a daemon restarted)."""
     details: dict[str, Any] = field(default_factory=dict)
 
     @property

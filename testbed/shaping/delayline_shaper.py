@@ -23,12 +23,14 @@ from testbed.shaping import htb, nfqueue
 from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError
 from testbed.shaping.calibrate import CALIBRATION_HOLD_S, base_one_way
 from testbed.shaping.delayline import DaemonConfig, DaemonStats, QueueConfig
+from testbed.shaping.supervisor import SupervisorStatus
 from testbed.state.records import DaemonFiles, ProcessRecord
 
 READY_TIMEOUT_S = 60.0
 WAKEUP_FLOOR_S = 150e-6
 """A hold shorter than this cannot be timed: the daemon needs ~0.1-0.2 ms to wake on a packet's arrival."""
 STATS_STALE_S = 3.0
+DELIVERED_COMMENT = "tb-delivered"
 
 
 def queue_number(ifname: str) -> int:
@@ -41,6 +43,20 @@ def iptables_rule(ifname: str, action: str = "-A") -> list[str]:
     return ["-t", "raw", action, "PREROUTING", "-i", ifname, "-j", "NFQUEUE", "--queue-num", str(queue_number(ifname))]
 
 
+def delivered_rule(ifname: str) -> list[str]:
+    """A counting rule (no target) where packets the delay line accepted arrive next: mangle PREROUTING."""
+    return ["-t", "mangle", "-A", "PREROUTING", "-i", ifname, "-m", "comment", "--comment", DELIVERED_COMMENT]
+
+
+def rule_packets(listing: str, ifname: str, marker: str) -> int | None:
+    """The packet counter of the rule on `-i ifname` that contains `marker`, from `iptables -S -v` output."""
+    for line in listing.splitlines():
+        words = line.split()
+        if line.startswith("-A ") and marker in line and words[words.index("-i") + 1:][:1] == [ifname]:
+            return int(words[words.index("-c") + 1])
+    return None
+
+
 class DelaylineShaper(Shaper):
     name = "delayline"
 
@@ -49,7 +65,7 @@ class DelaylineShaper(Shaper):
         d = self.backend.state.files_dir
         d.mkdir(parents=True, exist_ok=True)
         return DaemonFiles(config=str(d / f"delayline-{node}.json"), stats=str(d / f"delayline-{node}.stats.json"),
-                           log=str(d / f"delayline-{node}.log"))
+                           log=str(d / f"delayline-{node}.log"), status=str(d / f"delayline-{node}.status.json"))
 
     # -- apply ------------------------------------------------------------------------------------
     def apply(self, plan: Plan) -> None:
@@ -72,6 +88,7 @@ class DelaylineShaper(Shaper):
             record.daemons[node] = files
             self.backend.state.save()
             for d in directions:
+                self._iptables(node, delivered_rule(d.dst_ifname))
                 self._iptables(node, iptables_rule(d.dst_ifname))
         record.calibration_s = base_one_way(self.backend, installed_hold_s=CALIBRATION_HOLD_S)
         record.native, record.warnings = [], []
@@ -97,7 +114,10 @@ class DelaylineShaper(Shaper):
         if native and not was_native:
             self._iptables(direction.dst_node, iptables_rule(direction.dst_ifname, "-D"))
             record.native.append(label)
-        elif was_native and not native:
+        elif was_native and not native:       # the delivery counter restarts first: it may only under-count
+            delivered = delivered_rule(direction.dst_ifname)
+            self._iptables(direction.dst_node, [*delivered[:2], "-D", *delivered[3:]])
+            self._iptables(direction.dst_node, delivered)
             self._iptables(direction.dst_node, iptables_rule(direction.dst_ifname))
             record.native.remove(label)
         record.warnings = [w for w in record.warnings if not w.startswith(label + ":")]
@@ -142,8 +162,8 @@ class DelaylineShaper(Shaper):
     def _start_daemon(self, node: str, files: DaemonFiles) -> None:
         log, stats = Path(files.log), Path(files.stats)
         with open(log, "ab") as logf:
-            proc = self.backend.popen(node, [sys.executable, "-m", "testbed.shaping.delayline", files.config,
-                                             files.stats],
+            proc = self.backend.popen(node, [sys.executable, "-m", "testbed.shaping.supervisor", files.config,
+                                             files.stats, files.status],
                                       stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True, env={**os.environ, "PYTHONPATH": _package_root()})
         self.backend.state.processes.append(ProcessRecord.of(proc.pid, "delayline", node))
@@ -178,7 +198,22 @@ class DelaylineShaper(Shaper):
         self.backend.state.save()
 
     def _daemon(self, node: str) -> ProcessRecord | None:
+        """The node's delay-line supervisor (the daemon's parent: signals to it reach the daemon)."""
         return next((p for p in self.backend.state.processes if p.role == "delayline" and p.node == node), None)
+
+    def supervisor_status(self, node: str) -> SupervisorStatus | None:
+        files = self.record.daemons.get(node)
+        if not files or not files.status:
+            return None
+        try:
+            return SupervisorStatus.from_json(json.loads(Path(files.status).read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def restarts(self) -> dict[str, int]:
+        """Per receiving router: how often its daemon died and was started again."""
+        return {node: status.restarts for node in self.record.daemons
+                if (status := self.supervisor_status(node)) is not None}
 
     # -- inspection -------------------------------------------------------------------------------
     def daemon_stats(self, node: str) -> DaemonStats | None:
@@ -201,6 +236,12 @@ class DelaylineShaper(Shaper):
                 report.problems.append(f"delay daemon on {node} is dead: packets into {node} over OTN are dropped "
                                        f"(no listener); see {files.log}")
                 continue
+            supervised = self.supervisor_status(node)
+            if supervised and supervised.deaths:
+                last = supervised.deaths[-1]
+                report.events.append(f"delay daemon on {node} died {len(supervised.deaths)} time(s) and was "
+                                     f"restarted {supervised.restarts} (last: {last.how}, link without a listener "
+                                     f"for {last.gap_s * 1e3:.0f} ms); 'verify' shows the packets lost")
             stats_path = Path(files.stats)
             if stats_path.exists() and time.time() - stats_path.stat().st_mtime > STATS_STALE_S:
                 report.problems.append(f"delay daemon on {node} stopped reporting (stats older than {STATS_STALE_S} s)")
@@ -214,17 +255,18 @@ class DelaylineShaper(Shaper):
         report.details["daemons"] = {node: self.daemon_stats(node) for node in daemons}
         return report
 
-    def _installed_rules(self) -> dict[str, str]:
+    def _installed_rules(self, table: str = "raw", counters: bool = False) -> dict[str, str]:
         rules = {}
         for node in {d.dst_node for d in self.directions}:
-            out = self.backend.exec(node, [_iptables() or "iptables", "-w", "-t", "raw", "-S", "PREROUTING"],
-                                    capture_output=True, text=True)
+            out = self.backend.exec(node, [_iptables() or "iptables", "-w", "-t", table, "-S", "PREROUTING",
+                                           *(["-v"] if counters else [])], capture_output=True, text=True)
             rules[node] = out.stdout
         return rules
 
     def drops(self) -> list[DirectionDrops]:
         result = []
         counters: dict[str, dict[int, nfqueue.QueueCounters]] = {}
+        entered, delivered = self._installed_rules("raw", True), self._installed_rules("mangle", True)
         for d in self.directions:
             if d.dst_node not in counters:
                 with nsfs.entered(self.backend.netns_path(d.dst_node)):
@@ -237,10 +279,17 @@ class DelaylineShaper(Shaper):
             q = counters[d.dst_node].get(qnum)
             daemon = self.daemon_stats(d.dst_node)
             stats = daemon.queues.get(qnum) if daemon else None
+            queue_drops = (q.dropped + q.user_dropped) if q else 0
+            gaps, random_drops = (stats.id_gaps, stats.random_drops) if stats else (0, 0)
+            went_in = rule_packets(entered.get(d.dst_node, ""), d.dst_ifname, "NFQUEUE")
+            came_out = rule_packets(delivered.get(d.dst_node, ""), d.dst_ifname, DELIVERED_COMMENT)
+            lost = 0
+            if went_in is not None and came_out is not None:
+                held = stats.held if stats else 0
+                lost = max(0, went_in - came_out - held - random_drops - queue_drops - gaps)
             result.append(DirectionDrops(
-                link=d.link, direction=d.label, qdisc_drops=self.qdisc_drops(d),
-                queue_drops=(q.dropped + q.user_dropped) if q else 0,
-                daemon_gaps=stats.id_gaps if stats else 0, random_drops=stats.random_drops if stats else 0))
+                link=d.link, direction=d.label, qdisc_drops=self.qdisc_drops(d), queue_drops=queue_drops,
+                daemon_gaps=gaps, random_drops=random_drops, lost_without_listener=lost))
         return result
 
 

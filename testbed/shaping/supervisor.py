@@ -1,15 +1,17 @@
 """Keeps one delay-line daemon running: `python -m testbed.shaping.supervisor CONFIG STATS STATUS`.
 
 Runs in the receiving router's namespace as the daemon's parent. A daemon that dies (crash, kill -9) is
-started again after RESTART_DELAY_S with the same configuration file, so it binds the same queues with
-the same holds; every death is recorded in STATUS (JSON) with its time, how it ended and how long the link
-had no listener. SIGHUP (reload) is passed on; SIGTERM/SIGINT stop the daemon gracefully (it releases what
-it holds) and then the supervisor. A daemon that keeps dying (MAX_RESTARTS within RESTART_WINDOW_S) is
-given up: the supervisor exits non-zero and `status` reports the link dead. Import-light, like the daemon.
+started again after RESTART_DELAY_S with the same configuration file, so it binds the same queues with the
+same holds; every death is recorded in STATUS (JSON) with its time, how it ended and how long the link had
+no listener. The daemon ends with its supervisor. SIGHUP (reload) is passed on; SIGTERM/SIGINT stop the
+daemon gracefully (it releases what it holds) and then the supervisor. A daemon that keeps dying
+(MAX_RESTARTS within RESTART_WINDOW_S) is given up: the supervisor exits non-zero and `status` reports the
+link dead. Import-light, like the daemon.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -20,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+PR_SET_PDEATHSIG = 1
 RESTART_DELAY_S = 0.05
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
@@ -55,6 +58,12 @@ class SupervisorStatus:
         return cls(**{**data, "deaths": [Death(**d) for d in data.get("deaths", [])]})
 
 
+def _end_with_parent() -> None:
+    """In the daemon: SIGTERM when the supervisor dies, so no daemon runs on unsupervised (it releases what it
+    holds and exits; the link then stops, loudly, until the testbed is brought up again)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _how(code: int) -> str:
     return f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
 
@@ -74,7 +83,7 @@ class Supervisor:
     def start_daemon(self) -> None:
         self.stats.unlink(missing_ok=True)
         self.child = subprocess.Popen([sys.executable, "-m", "testbed.shaping.delayline", str(self.config),
-                                       str(self.stats)], stdin=subprocess.DEVNULL)
+                                       str(self.stats)], stdin=subprocess.DEVNULL, preexec_fn=_end_with_parent)
         self.status.daemon_pid = self.child.pid
         self.save()
 

@@ -47,6 +47,8 @@ class DaemonFiles:
     config: str
     stats: str
     log: str
+    status: str = ""
+    """The supervisor's record of the daemon's deaths and restarts."""
 
 
 @dataclass(slots=True)
