@@ -14,7 +14,7 @@ APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openv
 	python3-dev qemu-system-x86 linux-image-amd64 busybox-static
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install apt test test-host test-unit vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends cli clean
+.PHONY: demo install apt test test-host test-unit vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak cli clean
 
 install: $(STAMP)
 
@@ -82,6 +82,14 @@ bench-pipeline: install
 # netns vs Mininet side by side: bring-up times and bubble ratios of the demo's workload.
 bench-backends: install
 	$(PY) bench/backends.py --reps 3
+
+# verify --full 20 times on correct links (2dc-1000km, 4dc-ring) and 20 times on a link shaped 5 % slow.
+bench-verify: install
+	$(PY) bench/verify_repeat.py
+
+# 30 minutes of continuous training across 4dc-ring on the delay line: drops, delay, daemon memory and CPU.
+bench-soak: install
+	$(PY) bench/soak.py $(if $(MINUTES),--minutes $(MINUTES))
 
 bench-links: install
 	$(PY) bench/links.py $(if $(shell $(TESTBED) vm --check >/dev/null 2>&1 && echo y),--netem-vm)

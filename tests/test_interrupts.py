@@ -28,16 +28,19 @@ SMALL = ["--microbatches", "4", "--layers", "2", "--width", "64", "--heads", "2"
 
 
 class Terminal:
-    """A command in its own tmux pane (private tmux server): the pane's process is the command itself."""
+    """A command in its own tmux pane (a private tmux server per test), run by bash as a user's shell runs it:
+    Ctrl-C reaches both, bash waits for the command and records its exit status."""
 
     def __init__(self, socket: str, session: str, argv: list[str], log: Path) -> None:
         self.socket, self.session, self.log = socket, session, log
+        self.status_file = log.with_suffix(".status")
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in (("TESTBED_STATE_DIR", str(state.state_dir())),
                                                               ("PATH", os.environ["PATH"])))
-        line = f"cd {shlex.quote(str(REPO))} && exec env {env} {shlex.join(argv)} > {shlex.quote(str(log))} 2>&1"
-        self._tmux("new-session", "-d", "-s", session, "-x", "200", "-y", "50", line)
-        self._tmux("set-option", "-t", session, "remain-on-exit", "on")
-        self.pid = int(self._tmux("display-message", "-p", "-t", session, "#{pane_pid}").strip())
+        script = (f"cd {shlex.quote(str(REPO))} && env {env} {shlex.join(argv)} > {shlex.quote(str(log))} 2>&1; "
+                  f"echo $? > {shlex.quote(str(self.status_file))}")
+        self._tmux("new-session", "-d", "-s", session, "-x", "200", "-y", "50", shlex.join(["bash", "-c", script]))
+        shell = int(self._tmux("display-message", "-p", "-t", session, "#{pane_pid}").strip())
+        self.pid = _first_child(shell)
 
     def _tmux(self, *args: str) -> str:
         return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True).stdout
@@ -51,28 +54,32 @@ class Terminal:
     def wait_exit(self, timeout_s: float = 90) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                return
-            if _zombie(self.pid):
+            if not Path(f"/proc/{self.pid}").exists() or _zombie(self.pid):
                 return
             time.sleep(0.1)
         raise AssertionError(f"the command did not end within {timeout_s} s of the signal:\n{self.output()}")
 
     def status(self) -> int | None:
-        """The exit status tmux shows for the dead pane (it lags the process's end by a moment)."""
+        """The command's exit status, as its shell recorded it."""
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            out = subprocess.run(["tmux", "-L", self.socket, "display-message", "-p", "-t", self.session,
-                                  "#{pane_dead_status}"], capture_output=True, text=True).stdout.strip()
-            if out:
-                return int(out)
+            if self.status_file.exists() and self.status_file.read_text().strip():
+                return int(self.status_file.read_text())
             time.sleep(0.05)
         return None
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def _first_child(pid: int, timeout_s: float = 10) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.01)
+    raise AssertionError(f"the shell {pid} started no command")
 
 
 def _zombie(pid: int) -> bool:
@@ -84,7 +91,7 @@ def _zombie(pid: int) -> bool:
 
 @pytest.fixture
 def terminal(tmp_path: Path) -> Iterator[Callable[[list[str]], Terminal]]:
-    socket = f"tbtest{os.getpid()}"
+    socket = f"tbtest{os.getpid()}-{abs(hash(str(tmp_path))) % 10**8}"     # one tmux server per test
     made: list[Terminal] = []
 
     def start(argv: list[str]) -> Terminal:

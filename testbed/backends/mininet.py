@@ -26,6 +26,7 @@ from testbed.plan.builder import FABRIC_MTU, HOST_IFNAME
 from testbed.plan.model import Node, Plan
 from testbed.state.records import MininetRecord, ProcessRecord, SwitchLayout
 from testbed.state.store import list_states
+from testbed.util.interrupts import cleanup
 
 SHELL_ROLE = "mininet-shell"
 
@@ -107,6 +108,10 @@ class MininetBackend(NamespaceBackend):
         self.state.save()
 
     def destroy(self) -> None:
+        with cleanup():
+            self._destroy()
+
+    def _destroy(self) -> None:
         info = self.info
         if info.ovs_private:
             ovs.stop_private(self.state.files_dir / "ovs", [sw.name for sw in info.switches])

@@ -12,6 +12,7 @@ from testbed.backends import nsfs
 from testbed.backends.base import FabricPort
 from testbed.backends.namespaces import NamespaceBackend
 from testbed.plan.model import Node, Plan
+from testbed.util.interrupts import cleanup
 
 
 class NetnsBackend(NamespaceBackend):
@@ -50,8 +51,9 @@ class NetnsBackend(NamespaceBackend):
         self.state.save()
 
     def destroy(self) -> None:
-        self.remove_namespaces()
-        self.state.delete()
+        with cleanup():
+            self.remove_namespaces()
+            self.state.delete()
 
     def fabric_ports(self) -> list[FabricPort]:
         """Each host's eth0 and each router bridge port (the router's side of a host's veth)."""

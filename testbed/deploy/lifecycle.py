@@ -17,7 +17,7 @@ from testbed.state import store as statefile
 from testbed.state.records import MininetRecord, ShaperRecord
 from testbed.state.store import TestbedState
 from testbed.topology import Topology, load_topology
-from testbed.util.interrupts import unwinding
+from testbed.util.interrupts import cleanup, raise_if_pending, unwinding
 from testbed.util.paths import resolve_topology
 
 
@@ -63,8 +63,9 @@ def up(topology_path: Path, name: str | None = None, backend: str = "netns", sha
                 SHAPERS[shaper_name](made).apply(plan)
             state.save()
         except BaseException:
-            if state.path.exists():       # a backend that failed mid-deploy has already removed its own
-                made.destroy()
+            with cleanup():
+                if state.path.exists():       # a backend that failed mid-deploy has already removed its own
+                    made.destroy()
             raise
         return UpResult(plan=plan, seconds=deployed, shaped_seconds=time.perf_counter() - started - deployed,
                         shaper=shaper_name)
@@ -72,7 +73,7 @@ def up(topology_path: Path, name: str | None = None, backend: str = "netns", sha
 
 def down(name: str) -> float:
     """Remove a testbed (also a half-built one whose creator died). Returns the seconds it took."""
-    with unwinding(), statefile.locked():
+    with unwinding(), cleanup(), statefile.locked():
         if not statefile.exists(name):
             raise BackendError(f"no testbed named {name!r} is up; 'testbed status' lists them")
         started = time.perf_counter()
@@ -125,6 +126,7 @@ def testbed_for(target: str, *, name: str | None = None, backend: str = "netns",
     with unwinding():
         try:
             result = up(path, owned, backend=backend, shaper=shaper, switch=switch)
+            raise_if_pending()
             log(f"testbed {owned} up ({result.shaper}); it is removed after the run")
             yield open_backend(owned)
         finally:

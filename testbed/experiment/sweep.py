@@ -33,6 +33,7 @@ from testbed.probe.latency import round_trip
 from testbed.run.runner import RunOptions, pipeline_hosts, run_schedules, stage_links
 from testbed.topology import load_topology
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
+from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT, resolve_topology
 from workloads.records import RankTrace
 
@@ -136,7 +137,8 @@ class Experiment:
                 self._sweeps(backend)
             self.log(f"testbed {name} removed")
         except BaseException as exc:
-            self._write(backend, stopped=str(exc) or type(exc).__name__)
+            with cleanup():
+                self._write(backend, stopped=str(exc) or type(exc).__name__)
             self.log(f"stopped ({exc or type(exc).__name__}); testbed {name} removed; {len(self.points)} points kept "
                      f"in {self.dir}: resume with 'testbed experiment --resume {self.dir}'")
             raise
@@ -172,6 +174,7 @@ class Experiment:
         return sample.median_s
 
     def _point(self, backend: Backend, setting: Setting, rtt: float) -> None:
+        raise_if_pending()
         s = self.spec
         budget = setting.budget_bytes
         if setting.budget_stash is not None:

@@ -30,6 +30,7 @@ from testbed.shaping.delayline_shaper import DelaylineShaper
 from testbed.shaping.registry import shaper_for
 from testbed.state.records import ProcessRecord
 from testbed.util import procs
+from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT
 from workloads.records import RankTrace, WorkerConfig
 from workloads.schedule import SCHEDULES
@@ -122,13 +123,14 @@ def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: li
         backend.state.save()
         _supervise(running, options.hang_timeout_s, progress)
     finally:
-        alive = [p.pid for _, p, _ in running if p.poll() is None]
-        procs.terminate(alive, grace_s=2.0)
-        for _, p, _ in running:
-            p.wait()
-        pids = {p.pid for _, p, _ in running}
-        backend.state.processes = [r for r in backend.state.processes if r.pid not in pids]
-        backend.state.save()
+        with cleanup():
+            alive = [p.pid for _, p, _ in running if p.poll() is None]
+            procs.terminate(alive, grace_s=2.0)
+            for _, p, _ in running:
+                p.wait()
+            pids = {p.pid for _, p, _ in running}
+            backend.state.processes = [r for r in backend.state.processes if r.pid not in pids]
+            backend.state.save()
     return [RankTrace.from_json(json.loads((out_dir / f"rank-{rank}.json").read_text())) for rank in range(len(hosts))]
 
 
@@ -143,6 +145,7 @@ def _supervise(running: list[tuple[int, subprocess.Popen[bytes], Path]], hang_ti
     last_progress = time.monotonic()
     try:
         while True:
+            raise_if_pending()
             for key, _ in sel.select(timeout=0.2):
                 chunk = key.fileobj.read()  # type: ignore[union-attr]
                 if chunk:
@@ -198,6 +201,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *, 
     tokens = options.microbatches * options.microbatch_size * int(options.model.get("block_size", 64))
     summaries, traces = [], {}
     for schedule in options.schedules:
+        raise_if_pending()
         log(f"running {schedule}: {len(hosts)} stages on {', '.join(h.name for h in hosts)}")
 
         def progress(event: dict[str, Any], schedule: str = schedule) -> None:
