@@ -194,3 +194,41 @@ def test_experiment_stopped_keeps_its_points_and_resumes_to_the_full_table(
     again = subprocess.run([sys.executable, "-m", "testbed", "experiment", "--resume", str(exp_dir)],
                            capture_output=True, text=True, cwd=REPO, timeout=120)
     assert again.returncode == 1 and "it is complete" in again.stderr
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGHUP"])
+def test_experiment_stopped_by_ctrl_c_or_a_closed_terminal_keeps_its_points(
+        stop: str, tmp_path: Path, terminal: Callable[[list[str]], Terminal]) -> None:
+    results = tmp_path / "results"
+    term = terminal([sys.executable, "-m", "testbed", "experiment", "--distances", "0,100", "--repetitions", "1",
+                     "--budgets", "", "--microbatches", "4", "--iterations", "2", "--results", str(results)])
+    _wait_for(lambda: "bubble " in term.output(), "a measured point", term, timeout_s=240)
+    send, code = STOPS[stop]
+    send(term)
+    term.wait_exit()
+    if code is not None:
+        assert term.status() == code, term.output()
+    (exp_dir,) = results.iterdir()
+    doc = json.loads((exp_dir / "summary.json").read_text())
+    assert doc["partial"] and doc["stopped"] == f"received {stop}" and doc["points"]
+    assert (exp_dir / "report.md").exists()
+    assert netns_with_prefix("tb-exp") == [] and _processes_mentioning(str(results)) == []
+
+
+@pytest.mark.mininet
+def test_mininet_run_stopped_leaves_no_root_namespace_links(unique_name: str, tmp_path: Path,
+                                                            terminal: Callable[[list[str]], Terminal]) -> None:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as root:
+        before = {link.get("IFLA_IFNAME") for link in root.get_links()}
+    results = tmp_path / "results"
+    term = terminal([sys.executable, "-m", "testbed", "run", "2dc-1000km", "--name", unique_name, "--backend", "mininet",
+                     "--schedule", "1f1b,geopipe", "--iterations", "6", "--results", str(results), *SMALL])
+    _wait_for(lambda: POINTS["a schedule"](unique_name, term), "a schedule", term)
+    os.kill(term.pid, signal.SIGTERM)
+    term.wait_exit()
+    assert term.status() == 143, term.output()
+    _assert_nothing_left(unique_name, results)
+    with IPRoute() as root:
+        assert {link.get("IFLA_IFNAME") for link in root.get_links()} == before

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import signal
 import string
 import subprocess
 import sys
@@ -121,7 +122,11 @@ def run_cli(backend: Backend, script: str | None = None) -> None:
     """Open Mininet's CLI (or run a script of CLI commands) on the testbed."""
     with attached(backend) as net:
         cls = _classes()["cli"]
-        cls(net, script=script)
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C cancels a command, as in mn
+        try:
+            cls(net, script=script)
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _links(plan: Plan, switches: list[SwitchLayout]) -> list[tuple[str, str, str, str]]:

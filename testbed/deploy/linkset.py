@@ -6,6 +6,7 @@ from testbed.backends.base import Backend, BackendError
 from testbed.plan.builder import reshape
 from testbed.plan.model import LinkDirection
 from testbed.shaping.registry import shaper_for
+from testbed.util.interrupts import cleanup
 
 
 def set_link(backend: Backend, a: str, b: str, *, from_dc: str | None = None, delay_s: float | None = None,
@@ -32,8 +33,9 @@ def set_link(backend: Backend, a: str, b: str, *, from_dc: str | None = None, de
             new = reshape(old, delay_s=delay_s, rate_bps=rate_bps, jitter_s=jitter_s, loss=loss)
         except ValueError as exc:
             raise BackendError(str(exc)) from None
-        shaper.set_direction(new)
-        state.plan = state.plan.replace_direction(new)
-        state.save()
+        with cleanup():                  # a direction changes whole, or not at all, whatever signal arrives
+            shaper.set_direction(new)
+            state.plan = state.plan.replace_direction(new)
+            state.save()
         changed.append(new)
     return changed
