@@ -79,3 +79,24 @@ def test_memory_budget_bounds_geopipe_and_says_so() -> None:
     assert plan.extra_inflight[0] == 1 and plan.bound[0] == "memory budget" and plan.wanted_extra[0] > 1
     pred = simulate(S.build("geopipe", 2, 16, plan), _costs(0.02))
     assert pred.peak_inflight_bytes[0] <= 3 * stash + 131072
+
+
+def test_worker_refuses_a_schedule_the_simulator_shows_deadlocking() -> None:
+    """GeoPipe sized per stage for 8 stages across 4 DCs (what 4dc-ring gives) deadlocks today (its sizing
+    is not planned over the whole pipeline); the worker says so at once instead of hanging until time-out."""
+    from workloads.records import WorkerConfig
+    from workloads.worker import refuse_deadlock
+
+    delays = [0, 0.0025, 0, 0.006, 0, 0.004, 0]
+    rates = [10e9, 1e9, 10e9, 1e9, 10e9, 1e9, 10e9]
+    cfg = WorkerConfig(rank=0, world=8, master_addr="x", master_port=1, schedule="geopipe", microbatches=16,
+                       link_delay_s=delays, link_rate_bps=rates)
+    sizing = S.size_geopipe(8, 16, link_delay_s=delays, link_bytes_per_s=[r / 8 for r in rates],
+                            activation_bytes=32768, compute_s=[0.004] * 8, stash_bytes=[10**6] * 8, memory_budget=None)
+    with pytest.raises(RuntimeError, match="would deadlock"):
+        refuse_deadlock(S.build("geopipe", 8, 16, sizing), cfg, [0.004] * 8, 32768)
+    two = S.size_geopipe(2, 16, link_delay_s=[0.005], link_bytes_per_s=[1.25e8], activation_bytes=32768,
+                         compute_s=[0.004] * 2, stash_bytes=[10**6] * 2, memory_budget=None)
+    refuse_deadlock(S.build("geopipe", 2, 16, two), WorkerConfig(
+        rank=0, world=2, master_addr="x", master_port=1, schedule="geopipe", microbatches=16, link_delay_s=[0.005],
+        link_rate_bps=[1e9]), [0.004] * 2, 32768)

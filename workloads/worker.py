@@ -97,9 +97,24 @@ def run_ours(cfg: WorkerConfig, model_cfg: Any) -> RankTrace:
                                  compute_s=[m["compute_s"] for m in measured],
                                  stash_bytes=[m["stash_bytes"] for m in measured], memory_budget=cfg.memory_budget)
             schedule = S.build("geopipe", cfg.world, cfg.microbatches, geo)
+            refuse_deadlock(schedule, cfg, [m["compute_s"] for m in measured], act_bytes)
     return RankTrace(config=cfg, schedule=cfg.schedule, rank=cfg.rank, iterations=iterations,
                      actions=[str(a) for a in schedule[cfg.rank]], geopipe_sizing=geo,
                      activation_bytes=executor.act_bytes, transport=transport.name)
+
+
+def refuse_deadlock(schedule: Any, cfg: WorkerConfig, compute_s: list[float], activation_bytes: int) -> None:
+    """Dry-run the schedule on the measured times before running it: one the simulator shows deadlocking
+    (gloo's receiver-driven sends) fails at once with why, instead of hanging until the run's time-out."""
+    from workloads.simulate import Costs, Deadlock, simulate
+
+    half = [c / 2 for c in compute_s]
+    try:
+        simulate(schedule, Costs(half, half, cfg.link_delay_s, [r / 8 for r in cfg.link_rate_bps], activation_bytes,
+                                 0, 0.0, None))
+    except Deadlock as exc:
+        raise RuntimeError(f"the {cfg.schedule} schedule sized for {cfg.world} stages would deadlock ({exc}); "
+                           "run fewer stages (--stages) or another schedule") from None
 
 
 def run_torch_reference(cfg: WorkerConfig, model_cfg: Any) -> RankTrace:
