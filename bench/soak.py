@@ -2,9 +2,10 @@
 
 Trains back to back (1f1b, then gpipe, again and again) across every host of the topology, and every
 `--sample` seconds measures, without stopping the training: unintended drops on every OTN direction, the
-one-way delay of each direction against the plan (the same check as `verify`), and each delay daemon's
-resident memory and CPU rate (from /proc and its own statistics). Passes when there are zero drops, every
-delay check holds in every sample, and no daemon's memory or CPU grows over the soak. Usage:
+the delay line's own release lateness (each packet's release against arrival + delay, from the daemons),
+probe delays of every direction (never short; long only by queueing behind the training), and each
+daemon's resident memory and CPU rate. Passes on zero drops, mean lateness within 0.1 ms in every window,
+no short probe, a clean idle delay check at the end, and no daemon whose memory or CPU grows. Usage:
     .venv/bin/python bench/soak.py [--topology 4dc-ring] [--minutes 30] [--sample 60]
 """
 
@@ -26,11 +27,14 @@ from testbed.run.runner import RunOptions, run_schedules  # noqa: E402
 from testbed.shaping.delayline_shaper import DelaylineShaper  # noqa: E402
 from testbed.shaping.registry import shaper_for  # noqa: E402
 from testbed.util import table  # noqa: E402
+from testbed.util.interrupts import unwinding  # noqa: E402
 from testbed.util.paths import resolve_topology  # noqa: E402
 
 MEMORY_GROWTH_LIMIT = 0.10
 """A daemon's RSS at the end may exceed its RSS after the first sample by at most 10 %."""
 CPU_GROWTH_LIMIT = 1.5
+LATENESS_LIMIT_US = 100.0
+"""Mean lateness of released packets per sampling window: the one-way delay tolerance's 0.1 ms floor."""
 """A daemon's CPU rate in the last third of the soak may be at most 1.5 x the first third's."""
 
 
@@ -45,16 +49,39 @@ def rss_kib(pid: int | None) -> int | None:
 
 
 def sample(shaper: DelaylineShaper, backend: object, started: float) -> dict:
+    """Drops, the delay line's own release lateness (cumulative), probe delays, daemon memory and CPU.
+
+    Probes cross links that carry the training's traffic, so they also see queueing behind it: a probe may
+    come out long (queueing, as on a real loaded link) but never short (a missing or shortened hold)."""
     delays = check_delays(backend, probes=10)  # type: ignore[arg-type]
+    short = [f"{c.subject}: {c.measured} (want {c.expected})" for c in delays if not c.ok
+             and _ms(c.measured) < _ms(c.expected) - _ms(c.expected.split("±")[1])]
+    long = [c for c in delays if not c.ok and f"{c.subject}: {c.measured} (want {c.expected})" not in short]
     drops = {d.direction: d.unintended for d in shaper.drops()}
-    daemons = {}
+    daemons, lateness = {}, {}
     for node in shaper.record.daemons:
         status, stats = shaper.supervisor_status(node), shaper.daemon_stats(node)
         daemons[node] = {"rss_kib": rss_kib(status.daemon_pid if status else None),
                          "cpu_s": stats.cpu_s if stats else None, "restarts": status.restarts if status else None}
-    return {"t_s": time.monotonic() - started, "drops": drops, "delays_ok": all(c.ok for c in delays),
-            "delay_failures": [f"{c.subject}: {c.measured} (want {c.expected})" for c in delays if not c.ok],
-            "daemons": daemons}
+        for q, qs in (stats.queues.items() if stats else []):
+            lateness[f"{node}/{q}"] = {"released": qs.released, "late_us_sum": qs.late_us_sum,
+                                       "late_us_max": qs.late_us_max}
+    return {"t_s": time.monotonic() - started, "drops": drops, "short": short,
+            "queued_ms_max": max((_ms(c.measured) - _ms(c.expected.split("±")[0]) for c in long), default=0.0),
+            "lateness": lateness, "daemons": daemons}
+
+
+def _ms(text: str) -> float:
+    """`8.048 ms median of 10` or `5 ms ± 2.891 ms` or `750 us` -> milliseconds."""
+    value, unit = text.split()[:2]
+    return float(value) * {"ms": 1.0, "us": 1e-3, "s": 1e3}[unit]
+
+
+def _window_lateness_us(a: dict, b: dict) -> float:
+    """Mean lateness of the packets released between two samples, over every delay-line queue."""
+    released = sum(b["lateness"][k]["released"] - a["lateness"].get(k, {}).get("released", 0) for k in b["lateness"])
+    late = sum(b["lateness"][k]["late_us_sum"] - a["lateness"].get(k, {}).get("late_us_sum", 0.0) for k in b["lateness"])
+    return late / released if released else 0.0
 
 
 def main() -> int:
@@ -101,11 +128,14 @@ def main() -> int:
             if trainer.is_alive() or not samples:
                 samples.append(sample(shaper, backend, started))
                 s = samples[-1]
-                print(f"[{s['t_s']:6.0f} s] runs {runs}, drops {sum(s['drops'].values())}, delays "
-                      f"{'ok' if s['delays_ok'] else 'OFF: ' + '; '.join(s['delay_failures'])}, daemon RSS "
+                late = _window_lateness_us(samples[-2], s) if len(samples) > 1 else 0.0
+                print(f"[{s['t_s']:6.0f} s] runs {runs}, drops {sum(s['drops'].values())}, release lateness "
+                      f"{late:.0f} us mean, probes {'never short' if not s['short'] else 'SHORT: ' + '; '.join(s['short'])}"
+                      f" (queueing behind training up to {s['queued_ms_max']:.1f} ms), daemon RSS "
                       + ", ".join(f"{n} {d['rss_kib']} KiB" for n, d in s["daemons"].items()), flush=True)
         stop.set()
         samples.append(sample(shaper, backend, started))
+        idle = check_delays(backend, probes=20)
     finally:
         lifecycle.down(name)
     first, last = samples[0], samples[-1]
@@ -124,11 +154,18 @@ def main() -> int:
     print(table.render(["daemon", "RSS KiB first", "RSS KiB last", "CPU first third", "CPU last third", "restarts",
                         "result"], rows, f"\n{args.topology}: {runs} runs in {last['t_s'] / 60:.1f} min, "
                                          f"{len(samples)} samples"))
-    drops = sum(sum(s["drops"].values()) for s in samples[-1:])
-    delays_ok = all(s["delays_ok"] for s in samples)
-    print(f"drops on lossless links: {drops}; delay checks within tolerance in {sum(s['delays_ok'] for s in samples)}"
-          f"/{len(samples)} samples; daemon memory and CPU steady: {'yes' if growth_ok else 'NO'}"
-          + (f"; training failed: {failures[0]}" if failures else ""))
+    drops = sum(last["drops"].values())
+    windows = [_window_lateness_us(a, b) for a, b in zip(samples, samples[1:], strict=False)]
+    late_max = max((v["late_us_max"] for v in last["lateness"].values()), default=0.0)
+    never_short = all(not s["short"] for s in samples)
+    idle_ok = all(c.ok for c in idle)
+    delays_ok = never_short and idle_ok and max(windows, default=0.0) <= LATENESS_LIMIT_US
+    print(f"drops on lossless links: {drops}; delay line release lateness per minute: mean "
+          f"{min(windows, default=0):.0f}-{max(windows, default=0):.0f} us (limit {LATENESS_LIMIT_US:.0f}), worst "
+          f"single packet {late_max / 1e3:.2f} ms; probes short in {sum(bool(s['short']) for s in samples)}/{len(samples)}"
+          f" samples; queueing behind training up to {max(s['queued_ms_max'] for s in samples):.1f} ms; idle check "
+          f"after the soak {sum(c.ok for c in idle)}/{len(idle)}; daemon memory and CPU steady: "
+          f"{'yes' if growth_ok else 'NO'}" + (f"; training failed: {failures[0]}" if failures else ""))
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({"topology": args.topology, "runs": runs, "samples": samples}, indent=1))
@@ -144,4 +181,5 @@ def _cpu_rate(window: list[dict], node: str) -> float | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with unwinding():           # Ctrl-C, SIGTERM, SIGHUP: the testbed it brought up is removed
+        sys.exit(main())

@@ -23,6 +23,7 @@ from testbed.check.verify import verify_testbed  # noqa: E402
 from testbed.deploy import lifecycle  # noqa: E402
 from testbed.shaping.htb import change_rate  # noqa: E402
 from testbed.util import table  # noqa: E402
+from testbed.util.interrupts import unwinding  # noqa: E402
 from testbed.util.paths import resolve_topology  # noqa: E402
 
 SLOW_BY = 0.05
@@ -88,4 +89,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with unwinding():           # Ctrl-C, SIGTERM, SIGHUP: the testbed it brought up is removed
+        sys.exit(main())

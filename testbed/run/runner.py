@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import selectors
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.backends import nsfs
 from testbed.backends.base import Backend
 from testbed.check.links import check_delays
 from testbed.plan.builder import HOST_IFNAME
@@ -35,7 +37,6 @@ from testbed.util.paths import REPO_ROOT
 from workloads.records import RankTrace, WorkerConfig
 from workloads.schedule import SCHEDULES
 
-MASTER_PORT = 29500
 ALL_SCHEDULES = (*SCHEDULES, "torch-1f1b", "torch-gpipe")
 """Ours (schedules as data) and PyTorch's own, run on the same model and timed the same way."""
 
@@ -97,13 +98,14 @@ def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: li
     """Run one schedule to completion on `hosts`; return the per-rank traces."""
     links = stage_links(backend.state.plan, hosts)
     master = hosts[0].ip(HOST_IFNAME)
+    port = free_port(backend, hosts[0].name, master)
     out_dir.mkdir(parents=True, exist_ok=True)
     cpus = os.cpu_count() or 1
     running: list[tuple[int, subprocess.Popen[bytes], Path]] = []
     try:
         for rank, host in enumerate(hosts):
             config = WorkerConfig(
-                rank=rank, world=len(hosts), master_addr=master, master_port=MASTER_PORT, schedule=schedule,
+                rank=rank, world=len(hosts), master_addr=master, master_port=port, schedule=schedule,
                 microbatches=options.microbatches, microbatch_size=options.microbatch_size,
                 iterations=options.iterations, model=options.model, split=options.split,
                 link_delay_s=[lk.delay_s for lk in links], link_rate_bps=[lk.rate_bps for lk in links],
@@ -132,6 +134,14 @@ def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: li
             backend.state.processes = [r for r in backend.state.processes if r.pid not in pids]
             backend.state.save()
     return [RankTrace.from_json(json.loads((out_dir / f"rank-{rank}.json").read_text())) for rank in range(len(hosts))]
+
+
+def free_port(backend: Backend, node: str, address: str) -> int:
+    """A TCP port free on `address` inside the node's namespace for the rendezvous: back-to-back runs must not
+    wait for the previous run's store socket to leave TIME_WAIT (a fixed port failed with EADDRINUSE)."""
+    with nsfs.entered(backend.netns_path(node)), socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
 
 
 def _supervise(running: list[tuple[int, subprocess.Popen[bytes], Path]], hang_timeout_s: float,
