@@ -34,7 +34,9 @@ MEMORY_GROWTH_LIMIT = 0.10
 """A daemon's RSS at the end may exceed its RSS after the first sample by at most 10 %."""
 CPU_GROWTH_LIMIT = 1.5
 LATENESS_LIMIT_US = 100.0
-"""Mean lateness of released packets per sampling window: the one-way delay tolerance's 0.1 ms floor."""
+"""Mean lateness of released packets per sampling window: the one-way delay tolerance's 0.1 ms floor. The
+daemon adds up only positive lateness (an early release counts as zero), so this mean is an upper bound on
+the release error; the probes' delay checks (the verify criterion) are the like-for-like figure."""
 """A daemon's CPU rate in the last third of the soak may be at most 1.5 x the first third's."""
 
 
