@@ -12,7 +12,7 @@ from pyroute2 import IPRoute
 from testbed.backends import nsfs
 from testbed.backends.base import BackendError
 from testbed.backends.registry import backend_for
-from testbed.shaping.registry import shaper_for
+from testbed.shaping.registry import Shaper, shaper_for
 from testbed.state.store import TestbedState
 from testbed.util import table, units
 
@@ -122,8 +122,9 @@ def describe(state: TestbedState) -> TestbedStatus:
     plan = state.plan
     nodes = [NodeStatus(n.name, n.dc, n.role, n.netns, f"ip netns exec {n.netns} CMD  (or: testbed exec {n.name} -- CMD)",
                         n.addresses, nsfs.exists(n.netns)) for n in plan.nodes]
-    shaper = shaper_status(state)
-    drops = _drops(state)
+    live = shaper_for(backend_for(state)) if state.phase == "up" else None
+    shaper = shaper_status(state, live)
+    drops = _drops(live)
     links = [DirectionStatus(d.link, d.src_dc, d.dst_dc, d.delay_s, d.rate_bps, d.jitter_s, d.loss, d.lossless,
                              "native path" if d.label in shaper.native_path else shaper.name, drops.get(d.label))
              for d in plan.directions]
@@ -144,11 +145,10 @@ def describe(state: TestbedState) -> TestbedStatus:
                          health=health, nodes=nodes, links=links, switches=switches, shaper=shaper)
 
 
-def shaper_status(state: TestbedState) -> ShaperStatus:
+def shaper_status(state: TestbedState, shaper: Shaper | None) -> ShaperStatus:
     """Shaper name and what its health check finds (qdiscs, rules, daemons) for a running testbed."""
     if state.phase != "up":
         return ShaperStatus(state.shaper_name)
-    shaper = shaper_for(backend_for(state))
     health = shaper.health() if shaper else None
     problems = ["no shaper: OTN links carry no delay or rate limit"] if health is None else health.problems
     events = health.events if health else []
@@ -159,11 +159,8 @@ def shaper_status(state: TestbedState) -> ShaperStatus:
                         events)
 
 
-def _drops(state: TestbedState) -> dict[str, int]:
+def _drops(shaper: Shaper | None) -> dict[str, int]:
     """Unintended drops per direction label, for a testbed that is up and shaped."""
-    if state.phase != "up":
-        return {}
-    shaper = shaper_for(backend_for(state))
     if shaper is None:
         return {}
     try:
