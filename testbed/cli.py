@@ -160,6 +160,7 @@ def cmd_vm(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from testbed.run.placement import PlacementError, place_stages
     from testbed.run.runner import RunError, RunOptions, run_schedules
 
     try:
@@ -167,11 +168,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             schedules=[s.strip() for s in args.schedule.split(",")], microbatches=args.microbatches,
             microbatch_size=args.microbatch_size, iterations=args.iterations,
             model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
-            memory_budget=units.parse_size(args.memory_budget) if args.memory_budget else None,
+            memory_budget=args.memory_budget, stages=args.stages, placement=args.placement,
             hang_timeout_s=args.hang_timeout)
+        hosts = lifecycle.hosts_of(args.target)
+        options.check_stages(len(place_stages(hosts, options.stages, options.placement)))
         with lifecycle.testbed_for(args.target, name=args.name, backend=args.backend, shaper=args.shaper,
                                    switch=args.switch) as backend:
-            run_dir, summary = run_schedules(backend, options, Path(args.results), stages=args.stages)
+            run_dir, summary = run_schedules(backend, options, Path(args.results))
+    except PlacementError as exc:
+        raise BackendError(str(exc)) from None
     except RunError as exc:
         raise BackendError(str(exc)) from None
     print(summary.render())
@@ -192,10 +197,13 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     spec = ExperimentSpec(
         topology=args.topology, microbatches=args.microbatches, iterations=args.iterations,
         distances_km=[float(x) for x in args.distances.split(",")], focus_km=args.focus, repetitions=args.repetitions,
-        budgets_stash=[int(x) for x in args.budgets.split(",")] if args.budgets else [],
+        budgets=[_budget(x) for x in args.budgets.split(",")] if args.budgets else [],
+        schedules=[x.strip() for x in args.schedules.split(",")],
+        focus_schedules=[x.strip() for x in args.focus_schedules.split(",") if x.strip()],
         rates_mbit=[float(x) for x in args.rates.split(",")] if args.rates else [],
         microbatch_counts=[int(x) for x in args.microbatch_counts.split(",")] if args.microbatch_counts else [],
-        memory_budget=units.parse_size(args.memory_budget) if args.memory_budget else None, results=args.results,
+        memory_budget=None if args.memory_budget in (None, "", "none") else _budget(args.memory_budget),
+        results=args.results,
         backend=args.backend, switch=args.switch)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
                   TimeElapsedColumn()) as progress:
@@ -210,6 +218,16 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     print(terminal_summary(exp_dir))
     print(f"\nresults: {exp_dir} (report.md, report.html, *.png, summary.json, points.csv)")
     return 0
+
+
+def _budget(text: str) -> str:
+    """A memory budget as the experiment records it (bytes or 1f1b+N); a clear error otherwise."""
+    from workloads.memory import MemoryBudget
+
+    try:
+        return MemoryBudget.parse(text, units.parse_size).text
+    except ValueError as exc:
+        raise BackendError(f"--memory-budget/--budgets: {exc}") from None
 
 
 def cmd_cli(args: argparse.Namespace) -> int:
@@ -315,8 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="train the pipeline workload across a testbed's hosts (or a topology's)")
     p.add_argument("target", nargs="?", default=DEFAULT_TOPOLOGY, help="a running testbed's name, or a topology")
-    p.add_argument("--schedule", default="1f1b,geopipe",
-                   help="comma-separated: gpipe, 1f1b, geopipe, torch-1f1b, torch-gpipe (PyTorch's own)")
+    p.add_argument("--schedule", default="1f1b,1f1b-prefetch,geopipe",
+                   help="comma-separated: gpipe, 1f1b, 1f1b-prefetch, geopipe; PyTorch's own: torch-gpipe, torch-1f1b, "
+                        "torch-interleaved-1f1b, torch-zbv, torch-dualpipev")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--microbatch-size", type=int, default=4)
     p.add_argument("--iterations", type=int, default=4, help="timed iterations (after one warm-up)")
@@ -324,8 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--memory-budget", help="geopipe: in-flight activation bytes per stage, e.g. 64MiB")
-    p.add_argument("--stages", type=int, help="use the first N hosts (default: all hosts, in DC order)")
+    p.add_argument("--memory-budget", help="in-flight memory per stage, enforced: bytes (64MiB) or 1f1b+N "
+                                           "(what 1F1B holds with early receives, plus N micro-batches)")
+    p.add_argument("--stages", type=int, help="pipeline stages (default: one per DC with --placement spread, every "
+                                              "host with fill)")
+    p.add_argument("--placement", default="spread", choices=["spread", "fill"],
+                   help="spread: stages spread evenly over the DCs (default); fill: the first N hosts in DC order")
     p.add_argument("--hang-timeout", type=float, default=60.0, help="fail when no worker reports for this long")
     p.add_argument("--results", default="results")
     p.add_argument("--name", help="name for a testbed brought up for this run")
@@ -336,13 +359,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("experiment", help="the GeoPipe experiment: distance sweep, repetitions, budget sweep, report")
     p.add_argument("--topology", default=DEFAULT_TOPOLOGY)
-    p.add_argument("--distances", default="0,100,500,1000,2000", help="km, comma-separated")
+    p.add_argument("--distances", default="0,500,1000,2000", help="km, comma-separated")
+    p.add_argument("--schedules", default="1f1b,1f1b-prefetch,geopipe", help="run at every distance")
+    p.add_argument("--focus-schedules", default="torch-1f1b,torch-zbv",
+                   help="also run at the focus distance, every repetition (PyTorch's strongest that run here)")
     p.add_argument("--focus", type=float, default=1000.0, help="km of the repetitions, budget sweep and timeline")
     p.add_argument("--repetitions", type=int, default=3)
-    p.add_argument("--budgets", default="2,3,4", help="geopipe budgets at the focus, in micro-batch stashes")
-    p.add_argument("--rates", default="", help="optional rate sweep at the focus, Mbit/s")
+    p.add_argument("--budgets", default="1f1b+0,1f1b+1,1f1b+2,1f1b+3",
+                   help="geopipe's memory budgets at the focus (bytes or 1f1b+N)")
+    p.add_argument("--rates", default="50", help="rate sweep at the focus, Mbit/s (default: a bandwidth-bound one)")
     p.add_argument("--microbatch-counts", default="", help="optional micro-batch sweep at the focus")
-    p.add_argument("--memory-budget", help="geopipe budget in the distance sweep (default: none)")
+    p.add_argument("--memory-budget", default="1f1b+1",
+                   help="budget of the headline runs (1f1b, 1f1b-prefetch, geopipe; enforced): bytes or 1f1b+N, "
+                        "or none")
     p.add_argument("--microbatches", type=int, default=64)
     p.add_argument("--iterations", type=int, default=4, help="timed iterations per run (after one warm-up)")
     p.add_argument("--results", default="results")

@@ -1,7 +1,9 @@
 """Run one rank's action list for one iteration, timing every compute span and every wait.
 
-Memory: in-flight activation bytes = what autograd saved for micro-batches whose backward has not run yet
-(measured with saved-tensor hooks) + receive buffers posted and not yet consumed. Its peak is recorded.
+Memory (workloads/memory.py defines it): per pending micro-batch, the storages autograd saved for its
+backward (saved-tensor hooks; parameters excluded) plus the stage's input and output kept for it, each
+storage once; plus every posted receive buffer (activations and gradients) not yet consumed. Its peak is
+recorded, and a stage that goes over its budget stops the run with both figures.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from workloads.memory import BudgetExceeded
 from workloads.records import Span
 from workloads.schedule import Action, Op
 from workloads.transport import Transport, Work
@@ -57,6 +60,9 @@ class StageExecutor:
         self.transport, self.shape, self.m = transport, activation_shape, microbatches
         self.loss_fn, self.clock = loss_fn, clock
         self.act_bytes = int(torch.Size(activation_shape).numel()) * 4
+        self.budget_bytes: int | None = None
+        """In-flight bytes this stage may hold (None: no budget)."""
+        self.param_storages = {p.untyped_storage().data_ptr() for p in stage.parameters()}
 
     def run(self, actions: list[Action], inputs: list[torch.Tensor] | None,
             targets: list[torch.Tensor] | None) -> IterationTrace:
@@ -73,6 +79,9 @@ class StageExecutor:
             inflight += delta
             trace.memory.append((self.clock(), inflight))
             trace.peak_inflight_bytes = max(trace.peak_inflight_bytes, inflight)
+            if self.budget_bytes is not None and inflight > self.budget_bytes:
+                raise BudgetExceeded(f"stage {self.rank} holds {inflight} B in flight, over its memory budget of "
+                                     f"{self.budget_bytes} B (after {a})")
 
         for a in actions:
             if a.op is Op.RECV_F:
@@ -82,6 +91,7 @@ class StageExecutor:
             elif a.op is Op.RECV_B:
                 buf = torch.empty(self.shape)
                 recv_b[a.mb] = (buf, self.transport.irecv(buf, self.rank + 1, tag_of("B", a.mb)))
+                account(self.act_bytes)
             elif a.op is Op.FORWARD:
                 if self.rank > 0:
                     buf, work = recv_f.pop(a.mb)
@@ -93,7 +103,10 @@ class StageExecutor:
                 else:
                     assert inputs is not None
                     x = inputs[a.mb]
-                saved = _SavedBytes()
+                outside = {t.untyped_storage().data_ptr() for t in (
+                    inputs[a.mb] if self.rank == 0 and inputs else None,
+                    targets[a.mb] if self.rank == self.stages - 1 and targets else None) if t is not None}
+                saved = _SavedBytes(self.param_storages | outside)   # weights and the data batch are not in flight
                 t0 = self.clock()
                 with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
                     out = self.stage(x)
@@ -101,6 +114,8 @@ class StageExecutor:
                         assert targets is not None
                         out = self.loss_fn(out, targets[a.mb]) / self.m
                 trace.spans.append(Span("F", a.mb, t0, self.clock()))
+                saved.pack(x)           # a received input is kept for the backward (its gradient goes back)
+                saved.pack(out)         # and the output whose graph the backward runs, even if not saved
                 stash[a.mb] = (x, out, saved.total)
                 trace.stash_bytes.append(saved.total)
                 account(saved.total)
@@ -122,7 +137,7 @@ class StageExecutor:
                     t0 = self.clock()
                     out.backward()
                 trace.spans.append(Span("B", a.mb, t0, self.clock()))
-                account(-held)
+                account(-held - (self.act_bytes if self.rank < self.stages - 1 else 0))
                 stash[a.mb] = (x, out, 0)
             elif a.op is Op.SEND_B:
                 x = stash.pop(a.mb)[0]
@@ -139,11 +154,12 @@ class StageExecutor:
 
 
 class _SavedBytes:
-    """Saved-tensor hooks that add up the bytes autograd keeps for backward (each storage counted once)."""
+    """Saved-tensor hooks that add up the bytes autograd keeps for one micro-batch's backward: each storage
+    once, the stage's parameters never (they are not the micro-batch's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, exclude: set[int]) -> None:
         self.total = 0
-        self.seen: set[int] = set()
+        self.seen: set[int] = set(exclude)
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         ptr = t.untyped_storage().data_ptr()

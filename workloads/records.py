@@ -19,7 +19,7 @@ class WorkerConfig:
     master_addr: str
     master_port: int
     schedule: str
-    """gpipe | 1f1b | geopipe | torch-1f1b | torch-gpipe (PyTorch's own schedules, the reference)."""
+    """gpipe | 1f1b | 1f1b-prefetch | geopipe | torch-* (PyTorch's own schedules, see workloads.worker)."""
     microbatches: int = 8
     microbatch_size: int = 4
     iterations: int = 4
@@ -31,8 +31,8 @@ class WorkerConfig:
     """Configured one-way delay between stage s and s+1 (0 within a DC)."""
     link_rate_bps: list[float] = field(default_factory=list)
     """Bottleneck rate between stage s and s+1, bits per second."""
-    memory_budget: int | None = None
-    """Bytes of in-flight activations per stage (geopipe)."""
+    memory_budget: str | None = None
+    """In-flight memory per stage: bytes (`1000000`) or `1f1b+N` (workloads.memory.MemoryBudget)."""
     lr: float = 3e-3
     seed: int = 1234
     out_dir: str = "."
@@ -45,7 +45,8 @@ class WorkerConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkerConfig:
-        return cls(**data)
+        budget = data.get("memory_budget")
+        return cls(**{**data, "memory_budget": None if budget is None else str(budget)})
 
 
 @dataclass(slots=True)
@@ -108,6 +109,13 @@ class RankTrace:
     geopipe_sizing: GeoPipeSizing | None = None
     activation_bytes: int | None = None
     transport: str = ""
+    reference_compute_s: list[float] = field(default_factory=list)
+    """This rank's F+B of one iteration's micro-batches with no communication, each time it was measured
+    (before and after the timed iterations); see workloads/reference.py."""
+    budget_bytes: int | None = None
+    """The in-flight budget this rank ran under (enforced), None for none."""
+    compute_spread: list[float] = field(default_factory=list)
+    """Warm-up per-micro-batch F+B: [fast quantile, median, mean] seconds (what geopipe's slack comes from)."""
 
     @property
     def steady(self) -> list[IterationRecord]:
@@ -117,7 +125,9 @@ class RankTrace:
         return {"config": self.config.to_json(), "schedule": self.schedule, "rank": self.rank,
                 "iterations": [it.to_json() for it in self.iterations], "actions": list(self.actions),
                 "geopipe_sizing": asdict(self.geopipe_sizing) if self.geopipe_sizing else None,
-                "activation_bytes": self.activation_bytes, "transport": self.transport}
+                "activation_bytes": self.activation_bytes, "transport": self.transport,
+                "reference_compute_s": list(self.reference_compute_s), "budget_bytes": self.budget_bytes,
+                "compute_spread": list(self.compute_spread)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankTrace:
@@ -127,4 +137,6 @@ class RankTrace:
                    iterations=[IterationRecord.from_json(it) for it in data["iterations"]],
                    actions=list(data.get("actions", [])),
                    geopipe_sizing=GeoPipeSizing.from_json(sizing) if sizing else None,
-                   activation_bytes=data.get("activation_bytes"), transport=data.get("transport", ""))
+                   activation_bytes=data.get("activation_bytes"), transport=data.get("transport", ""),
+                   reference_compute_s=list(data.get("reference_compute_s", [])),
+                   budget_bytes=data.get("budget_bytes"), compute_spread=list(data.get("compute_spread", [])))

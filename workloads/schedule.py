@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from workloads.memory import pipeline_warmup
+
 
 class Op(StrEnum):
     RECV_F = "RF"
@@ -47,12 +49,7 @@ class Action:
 Schedule = list[list[Action]]
 """One action list per rank (rank = stage)."""
 
-SCHEDULES = ("gpipe", "1f1b", "geopipe")
-SLACK_MICROBATCHES = 2
-"""Micro-batches GeoPipe keeps in flight beyond what the mean compute time requires, to absorb compute
-jitter (a constant: see the README on how it was chosen and what that means for the headline)."""
-
-
+SCHEDULES = ("gpipe", "1f1b", "1f1b-prefetch", "geopipe")
 def _fwd(stage: int, stages: int, mb: int, recv: bool = True) -> list[Action]:
     acts = [Action(Op.RECV_F, mb)] if stage > 0 and recv else []
     acts.append(Action(Op.FORWARD, mb))
@@ -99,59 +96,40 @@ class GeoPipeSizing:
     extra_inflight: tuple[int, ...]
     recv_lookahead: tuple[int, ...]
     wanted_extra: tuple[int, ...]
-    """Extra micro-batches that would fully hide each stage's outgoing link."""
+    """Extra micro-batches that would hide every link after the stage (at the fast compute quantile)."""
     bound: tuple[str, ...]
-    """Per stage: 'hidden' (enough to hide the link), 'memory budget', 'micro-batches', or 'no link'."""
+    """Per stage: 'hidden', 'memory budget', 'micro-batches', 'next stage' (kept within one of the stage
+    before it, else the pipeline deadlocks), or 'no link'."""
+    cover_s: tuple[float, ...] = ()
+    """Per stage: the time its micro-batch's data spends on the links after it (there and back)."""
+    slack: tuple[int, ...] = ()
+    """Of `wanted_extra`, the micro-batches owed to compute spread (fast quantile vs median)."""
+    budget_bytes: tuple[int, ...] = ()
+    """Per stage: the memory budget it was sized under (empty: none)."""
+    footprint_bytes: tuple[int, ...] = ()
+    """Per stage: the in-flight bytes this sizing holds at its peak (the memory model's figure)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GeoPipeSizing:
         return cls(**{key: tuple(value) for key, value in data.items()})
 
-
-def size_geopipe(stages: int, microbatches: int, *, link_delay_s: list[float], link_bytes_per_s: list[float],
-                 activation_bytes: int, compute_s: list[float], stash_bytes: list[int],
-                 memory_budget: int | None) -> GeoPipeSizing:
-    """Extra in-flight micro-batches per stage so that compute continues while data crosses the next link.
-
-    The link after stage s carries i's activation forward and its gradient back: one round trip plus two
-    transfers, during which stage s can run one forward+backward (compute_s) per extra micro-batch.
-    `link_delay_s[s]` / `link_bytes_per_s[s]` describe the link between stage s and s+1 (0 delay: same DC; the
-    transfers and the receiver-driven hand-shake still take time there, so the slack micro-batch applies).
-    Each in-flight micro-batch costs `stash_bytes[s]` of memory (HBM); the budget caps each stage's total.
-    """
-    extra, look, wanted, bound = [], [], [], []
-    for s in range(stages):
-        if s == stages - 1:
-            want = 0
-        else:
-            cover = 2 * link_delay_s[s] + 2 * activation_bytes / link_bytes_per_s[s]
-            want = math.ceil(cover / max(compute_s[s], 1e-6)) + SLACK_MICROBATCHES
-        base = stages - 1 - s
-        room = microbatches - min(base, microbatches)
-        k = min(want, max(0, room))
-        reason = "hidden" if s < stages - 1 else "no link"
-        if k < want:
-            reason = "micro-batches"
-        if memory_budget is not None:
-            fit = memory_budget // max(stash_bytes[s], 1) - base - 1
-            if fit < k:
-                k, reason = max(0, fit), "memory budget"
-        extra.append(k)
-        look.append(min(microbatches, base + k + 2))
-        wanted.append(want)
-        bound.append(reason)
-    return GeoPipeSizing(tuple(extra), tuple(look), tuple(wanted), tuple(bound))
+    @classmethod
+    def prefetch(cls, stages: int, microbatches: int) -> GeoPipeSizing:
+        """No extra micro-batches: 1F1B's order and stashes, every receive posted as early as geopipe posts it."""
+        look = tuple(min(microbatches, pipeline_warmup(s, stages) + 2) if s > 0 else 0 for s in range(stages))
+        return cls((0,) * stages, look, (0,) * stages, ("prefetch",) * stages)
 
 
 def geopipe(stages: int, microbatches: int, plan: GeoPipeSizing) -> Schedule:
     """1F1B with cross-DC-aware overlap: every receive posted ahead of need (the activation look-ahead and
-    each gradient right after its activation leaves), and extra warm-up forwards on the stage before a
-    long link so that it computes while activations and gradients cross."""
+    each gradient right after its activation leaves), and extra warm-up forwards on the stages before long
+    links so that they compute while activations and gradients cross. With no extra micro-batches
+    (`GeoPipeSizing.prefetch`) this is `1f1b-prefetch`: 1F1B's order and memory with early receives."""
     return [_geopipe_rank(s, stages, microbatches, plan) for s in range(stages)]
 
 
 def _geopipe_rank(s: int, stages: int, microbatches: int, plan: GeoPipeSizing) -> list[Action]:
-    warmup = min(stages - 1 - s + plan.extra_inflight[s], microbatches)
+    warmup = min(pipeline_warmup(s, stages) + plan.extra_inflight[s], microbatches)
     ahead = min(plan.recv_lookahead[s], microbatches) if s > 0 else 0
     acts: list[Action] = [Action(Op.RECV_F, mb) for mb in range(ahead)]
     posted = ahead if s > 0 else microbatches
@@ -219,9 +197,11 @@ def build(name: str, stages: int, microbatches: int, geo: GeoPipeSizing | None =
         schedule = gpipe(stages, microbatches)
     elif name == "1f1b":
         schedule = one_f_one_b(stages, microbatches)
+    elif name == "1f1b-prefetch":
+        schedule = geopipe(stages, microbatches, GeoPipeSizing.prefetch(stages, microbatches))
     elif name == "geopipe":
         if geo is None:
-            raise ValueError("geopipe needs a GeoPipeSizing (see size_geopipe)")
+            raise ValueError("geopipe needs a GeoPipeSizing (see workloads.sizing.size_geopipe)")
         schedule = geopipe(stages, microbatches, geo)
     else:
         raise ValueError(f"unknown schedule {name!r}; choose one of: {', '.join(SCHEDULES)}")

@@ -7,7 +7,7 @@ Model (the same semantics the executor runs under gloo/TCP):
   reached the sender (t_post + d); it then occupies the link for bytes/R (messages in one direction queue
   in program order) and arrives d later. A receive posted just in time therefore costs an extra round trip.
 Predicts per-stage compute time, iteration time, bubble ratio, exposed communication and peak in-flight
-activation memory; reports a deadlock with every blocked rank's next action.
+memory (stashes and posted receive buffers, as workloads.memory defines it); reports a deadlock with every blocked rank's next action.
 """
 
 from __future__ import annotations
@@ -91,9 +91,8 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
         if a.op in (Op.RECV_F, Op.RECV_B):
             direction = "F" if a.op is Op.RECV_F else "B"
             posted[(direction, s, a.mb)] = clock[s]
-            if direction == "F":
-                inflight[s] += costs.activation_bytes
-                peak[s] = max(peak[s], inflight[s])
+            inflight[s] += costs.activation_bytes          # a posted receive buffer (workloads.memory)
+            peak[s] = max(peak[s], inflight[s])
             resolve(direction, s)
         elif a.op in (Op.SEND_F, Op.SEND_B):
             direction, dst = ("F", s + 1) if a.op is Op.SEND_F else ("B", s - 1)
@@ -119,7 +118,7 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
                 inflight[s] += costs.stash_bytes
                 peak[s] = max(peak[s], inflight[s])
             else:
-                inflight[s] -= costs.stash_bytes
+                inflight[s] -= costs.stash_bytes + (costs.activation_bytes if s < stages - 1 else 0)
         pos[s] += 1
         return True
 

@@ -113,6 +113,14 @@ def find_node(node: str, name: str | None) -> Backend:
     raise BackendError(f"node {node!r} exists in {', '.join(s.name for s in owners)}; choose one with --name")
 
 
+def hosts_of(target: str) -> list[tuple[str, str]]:
+    """(host, DC) pairs in pipeline order of a running testbed or of a topology, without bringing it up (so
+    that a run's options are checked against it first)."""
+    if statefile.exists(target):
+        return [(h.name, h.dc) for h in TestbedState.load(target).plan.hosts]
+    return list(load_topology(resolve_topology(target)).hosts)
+
+
 @contextmanager
 def testbed_for(target: str, *, name: str | None = None, backend: str = "netns", shaper: str = "auto",
                 switch: str = "auto", log: Callable[[str], None] = print) -> Iterator[Backend]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workloads import schedule as S
+from workloads.memory import MemoryBudget
 from workloads.records import RankTrace
+from workloads.sizing import size_geopipe
 from workloads.simulate import Costs, Prediction, simulate
 
 
@@ -22,6 +24,8 @@ class StageTimes:
     stash_bytes: list[int]
     dispatch_s: list[float] | None = None
     """Per stage, per F or B: the executor's own time between spans (neither compute nor waiting)."""
+    reference_s: list[float] | None = None
+    """Per stage: one step's F+B with no communication (workloads/reference.py), the bubble's yardstick."""
 
 
 def stage_times(ranks: list[RankTrace]) -> StageTimes:
@@ -36,24 +40,39 @@ def stage_times(ranks: list[RankTrace]) -> StageTimes:
         actions = 2 * sum(1 for sp in its[0].spans if sp.kind == "F")
         idle = [(it.end - it.start) - (it.compute_s or 0.0) - (it.wait_s or 0.0) for it in its]
         dispatch.append(max(0.0, sum(idle) / len(idle)) / max(actions, 1))
-    return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch)
+    reference = [min(r.reference_compute_s) for r in ranks] if all(r.reference_compute_s for r in ranks) else None
+    return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch, reference)
+
+
+MODELLED = ("gpipe", "1f1b", "1f1b-prefetch", "geopipe", "torch-gpipe", "torch-1f1b")
+"""Schedules the model can run (PyTorch's one-stage-per-rank schedules as the same action lists)."""
 
 
 def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: list[float],
-            link_rate_bps: list[float], memory_budget: int | None = None,
+            link_rate_bps: list[float], memory_budget: str | None = None,
             message_overhead_s: float = 0.0) -> tuple[Prediction, S.GeoPipeSizing | None]:
+    """The model's run of `schedule` (one of MODELLED) at these links and budget."""
     stages = len(times.forward_s)
     bytes_per_s = [r / 8 for r in link_rate_bps]
     geo = None
     if schedule == "geopipe":
-        geo = S.size_geopipe(stages, microbatches, link_delay_s=link_delay_s, link_bytes_per_s=bytes_per_s,
-                             activation_bytes=times.activation_bytes,
-                             compute_s=[f + b for f, b in zip(times.forward_s, times.backward_s, strict=True)],
-                             stash_bytes=times.stash_bytes, memory_budget=memory_budget)
+        budgets = (MemoryBudget.parse(memory_budget).per_stage(stages, microbatches, times.stash_bytes,
+                                                               times.activation_bytes) if memory_budget else None)
+        geo = size_geopipe(stages, microbatches, link_delay_s=link_delay_s, link_bytes_per_s=bytes_per_s,
+                           activation_bytes=times.activation_bytes, forward_s=times.forward_s,
+                           backward_s=times.backward_s, stash_bytes=times.stash_bytes, budget_bytes=budgets)
     sched = S.build(schedule.removeprefix("torch-"), stages, microbatches, geo)
     costs = Costs(times.forward_s, times.backward_s, link_delay_s, bytes_per_s, times.activation_bytes,
                   max(times.stash_bytes), message_overhead_s, times.dispatch_s)
     return simulate(sched, costs), geo
+
+
+def bubble_vs_reference(prediction: Prediction, times: StageTimes) -> float:
+    """The predicted step against the measured uncontended compute, as runs report it; the own-compute
+    bubble where no reference was measured."""
+    if not times.reference_s:
+        return prediction.mean_bubble_ratio
+    return sum(1 - ref / prediction.iteration_s for ref in times.reference_s) / len(times.reference_s)
 
 
 def fit_message_overhead(schedule: str, times: StageTimes, microbatches: int, link_delay_s: list[float],

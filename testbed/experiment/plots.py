@@ -17,7 +17,9 @@ from workloads.records import RankTrace
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"gpipe": "tab:gray", "1f1b": "tab:red", "geopipe": "tab:blue"}
+COLORS = {"gpipe": "tab:gray", "1f1b": "tab:red", "1f1b-prefetch": "tab:orange", "geopipe": "tab:blue",
+          "torch-1f1b": "tab:brown", "torch-zbv": "tab:purple", "torch-interleaved-1f1b": "tab:pink",
+          "torch-dualpipev": "tab:olive", "torch-gpipe": "tab:cyan"}
 
 
 def render_all(exp_dir: Path) -> list[Path]:
@@ -37,7 +39,7 @@ def render_all(exp_dir: Path) -> list[Path]:
 
 def bubble_vs_distance(record: ExperimentRecord, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for schedule in record.spec.schedules:
+    for schedule in record.spec.headline_schedules:
         by_km: dict[float, list[float]] = {}
         model: dict[float, float] = {}
         for p in record.headline_points(schedule):
@@ -59,7 +61,7 @@ def bubble_vs_distance(record: ExperimentRecord, path: Path) -> Path:
             mk = sorted(model)
             ax.plot(mk, [model[k] for k in mk], "--", color=color, alpha=0.7, label=f"{schedule} (model)")
     ax.set_xlabel("cross-DC distance (km of fibre; one-way delay = 5 us/km)")
-    ax.set_ylabel("computation bubble ratio (mean over stages)")
+    ax.set_ylabel("bubble ratio: 1 - uncontended compute / step time")
     ax.set_ylim(bottom=0)
     ax.set_title("Bubble ratio vs distance, 2 pipeline stages in 2 DCs")
     ax.grid(alpha=0.3)
@@ -76,7 +78,7 @@ def _focus_run(record: ExperimentRecord, schedule: str) -> Path | None:
 
 
 def gantt(record: ExperimentRecord, path: Path) -> Path | None:
-    runs = {s: _focus_run(record, s) for s in ("1f1b", "geopipe")}
+    runs = {s: _focus_run(record, s) for s in ("1f1b", "1f1b-prefetch", "geopipe")}
     runs = {s: d for s, d in runs.items() if d and d.exists()}
     if not runs:
         return None
@@ -109,28 +111,30 @@ def gantt(record: ExperimentRecord, path: Path) -> Path | None:
 
 
 def memory_budget(record: ExperimentRecord, path: Path) -> Path:
-    pts = sorted(record.sweep("budget"), key=lambda p: p.memory_budget or 0)
+    pts = record.sweep("budget")
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    mib = [(p.memory_budget or 0) / 2**20 for p in pts]
-    ax.plot(mib, [p.bubble for p in pts], "o-", color=COLORS["geopipe"], label="geopipe (measured)")
+    xs = list(range(len(pts)))
+    ax.plot(xs, [p.bubble for p in pts], "o-", color=COLORS["geopipe"], label="geopipe (measured)")
     if all(p.predicted_bubble is not None for p in pts):
-        ax.plot(mib, [p.predicted_bubble for p in pts], "--", color=COLORS["geopipe"], alpha=0.7,
+        ax.plot(xs, [p.predicted_bubble for p in pts], "--", color=COLORS["geopipe"], alpha=0.7,
                 label="geopipe (model)")
     focus = record.spec.focus_km
-    one = [p.bubble for p in record.headline_points("1f1b", focus) if p.bubble is not None]
-    if one:
-        ax.axhline(statistics.mean(one), color=COLORS["1f1b"], ls=":", label="1f1b (measured)")
-    for p, x in zip(pts, mib, strict=True):
+    for base in ("1f1b", "1f1b-prefetch"):
+        values = [p.bubble for p in record.headline_points(base, focus) if p.bubble is not None]
+        if values:
+            ax.axhline(statistics.median(values), color=COLORS[base], ls=":", label=f"{base} (measured)")
+    for p, x in zip(pts, xs, strict=True):
         peak = (p.measured.peak_inflight_activation_bytes or 0) / 2**20
         ax.annotate(f"peak {peak:.1f} MiB", (x, p.bubble), textcoords="offset points", xytext=(0, 8), ha="center",
                     fontsize=7)
+    ax.set_xticks(xs, [p.memory_budget or "none" for p in pts])
     ax.set_title(f"The HBM trade-off at {focus:g} km")
-    return _finish(fig, ax, "memory budget: in-flight activation bytes per stage (MiB)", path)
+    return _finish(fig, ax, "memory budget per stage (1f1b+N: 1F1B's in-flight memory plus N micro-batches)", path)
 
 
 def sweep_plot(record: ExperimentRecord, sweep: str, x_of: Callable[[Point], float], xlabel: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for schedule in ("1f1b", "geopipe"):
+    for schedule in ("1f1b-prefetch", "geopipe"):
         pts = sorted(record.sweep(sweep, schedule), key=x_of)
         xs = [x_of(p) for p in pts]
         ax.plot(xs, [p.bubble for p in pts], "o-", color=COLORS[schedule], label=f"{schedule} (measured)")
@@ -142,7 +146,7 @@ def sweep_plot(record: ExperimentRecord, sweep: str, x_of: Callable[[Point], flo
 def _finish(fig: Any, ax: Any, xlabel: str, path: Path) -> Path:
     """Axes, grid and legend of a bubble-ratio plot; write the PNG and free the figure."""
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("computation bubble ratio")
+    ax.set_ylabel("bubble ratio: 1 - uncontended compute / step time")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -23,31 +23,46 @@ class ExperimentSpec:
     """What `testbed experiment` sweeps."""
 
     topology: str = DEFAULT_TOPOLOGY
-    distances_km: list[float] = field(default_factory=lambda: [0, 100, 500, 1000, 2000])
-    schedules: list[str] = field(default_factory=lambda: ["gpipe", "1f1b", "geopipe"])
+    distances_km: list[float] = field(default_factory=lambda: [0, 500, 1000, 2000])
+    schedules: list[str] = field(default_factory=lambda: ["1f1b", "1f1b-prefetch", "geopipe"])
+    """Run at every distance and repetition."""
+    focus_schedules: list[str] = field(default_factory=lambda: ["torch-1f1b", "torch-zbv"])
+    """Run at the focus distance only, in every repetition (PyTorch's strongest that run here)."""
     focus_km: float = 1000
-    """Distance of the repetitions, the budget sweep and the Gantt chart."""
+    """Distance of the repetitions, the budget sweep, the rate sweep and the timeline."""
     repetitions: int = 3
-    budgets_stash: list[int] = field(default_factory=lambda: [2, 3, 4])
-    """Memory budgets for geopipe at the focus distance, in micro-batch stashes (measured at 0 km)."""
-    rates_mbit: list[float] = field(default_factory=list)
+    budgets: list[str] = field(default_factory=lambda: ["1f1b+0", "1f1b+1", "1f1b+2", "1f1b+3"])
+    """geopipe's memory budgets at the focus distance (workloads.memory.MemoryBudget)."""
+    rates_mbit: list[float] = field(default_factory=lambda: [50.0])
+    """Link rates at the focus (default: a bandwidth-bound one, where one transfer outlasts a micro-batch's
+    compute and overlap stops paying)."""
     microbatch_counts: list[int] = field(default_factory=list)
     predict_km: list[float] = field(default_factory=lambda: [5000])
     """Model-only distances (what the machine does not emulate)."""
     microbatches: int = 64
     iterations: int = 4
-    memory_budget: int | None = None
-    """geopipe's budget in the distance sweep and repetitions (bytes per stage), None for none."""
+    memory_budget: str | None = "1f1b+1"
+    """The budget of every run but the budget sweep (enforced on our schedules): the headline's."""
     model: dict[str, Any] = field(default_factory=dict)
     results: str = "results"
     backend: str = "netns"
     switch: str = "auto"
     """Mininet's DC switch (backend mininet only)."""
 
+    @property
+    def headline_schedules(self) -> list[str]:
+        return [*self.schedules, *(s for s in self.focus_schedules if s not in self.schedules)]
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ExperimentSpec:
+        """Also reads specs of 0.2 (budgets in bytes or in stashes)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        if isinstance(values.get("memory_budget"), int):
+            values["memory_budget"] = str(values["memory_budget"])
+        if "memory_budget" in data and data["memory_budget"] is None:
+            values["memory_budget"] = None
+        return cls(**values)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -62,7 +77,8 @@ class Point:
     microbatches: int
     schedule: str
     repetition: int
-    memory_budget: int | None
+    memory_budget: str | None
+    """The run's in-flight budget (bytes or 1f1b+N), None for none."""
     rtt_s: float | None
     measured: ScheduleSummary
     predicted_bubble: float | None
@@ -77,6 +93,13 @@ class Point:
 
     @property
     def bubble(self) -> float | None:
+        """The conservative bubble: 1 - uncontended compute / step time (own-span bubble where not measured)."""
+        ref = self.measured.bubble_vs_reference
+        return ref if ref is not None else self.measured.bubble_ratio
+
+    @property
+    def bubble_own(self) -> float | None:
+        """1 - the schedule's own F/B span time / step time (flattered when overlap stretches the spans)."""
         return self.measured.bubble_ratio
 
     @property
@@ -89,7 +112,9 @@ class Point:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Point:
         known = {f.name for f in fields(cls)}
+        budget = data.get("memory_budget")
         return cls(**{**{k: v for k, v in data.items() if k in known},
+                      "memory_budget": None if budget is None else str(budget),
                       "measured": ScheduleSummary.from_json(data["measured"])})
 
 
@@ -126,27 +151,37 @@ class ExperimentRecord:
     """How many times `--resume` continued it."""
 
     def headline_points(self, schedule: str | None = None, km: float | None = None) -> list[Point]:
-        """The distance sweep and its repetitions at the sweep's own memory budget (optionally one schedule or
+        """The distance sweep and its repetitions, all at the headline memory budget (optionally one schedule or
         one distance): what the main table, the headline and the distance plot show."""
-        return [p for p in self.points if p.sweep in HEADLINE_SWEEPS and p.memory_budget == self.spec.memory_budget
+        return [p for p in self.points if p.sweep in HEADLINE_SWEEPS
                 and (schedule is None or p.schedule == schedule) and (km is None or p.distance_km == km)]
 
     def sweep(self, name: str, schedule: str | None = None) -> list[Point]:
         return [p for p in self.points if p.sweep == name and (schedule is None or p.schedule == schedule)]
 
+    def focus_rows(self) -> dict[str, list[Point]]:
+        """Per schedule, its runs at the focus distance and the headline budget (every repetition)."""
+        by: dict[str, list[Point]] = {}
+        for p in self.headline_points(km=self.spec.focus_km):
+            by.setdefault(p.schedule, []).append(p)
+        return by
+
     def focus_table(self) -> dict[str, Any]:
-        """Bubble ratios at the focus distance over repetitions: mean, spread, reduction of geopipe vs 1f1b."""
-        focus = self.spec.focus_km
-        by: dict[str, list[float]] = {}
-        for p in self.headline_points(km=focus):
-            if p.bubble is not None:
-                by.setdefault(p.schedule, []).append(p.bubble)
-        result: dict[str, Any] = {"distance_km": focus, "bubbles": by}
-        if by.get("1f1b") and by.get("geopipe"):
-            pairs = list(zip(by["1f1b"], by["geopipe"], strict=False))
-            reductions = [1 - g / o for o, g in pairs]
-            result.update(reduction_mean=statistics.mean(reductions), reduction_min=min(reductions),
-                          reduction_max=max(reductions), repetitions=len(pairs))
+        """Medians at the focus distance over repetitions, and geopipe against each baseline: bubble cut,
+        step-time speed-up, memory multiple; the split of the cut against 1f1b into early posting (1f1b ->
+        1f1b-prefetch) and overlap (1f1b-prefetch -> geopipe)."""
+        rows = self.focus_rows()
+        med = {s: _medians(pts) for s, pts in rows.items()}
+        result: dict[str, Any] = {"distance_km": self.spec.focus_km, "budget": self.spec.memory_budget,
+                                  "medians": med, "repetitions": max((len(v) for v in rows.values()), default=0)}
+        geo = med.get("geopipe")
+        if geo:
+            result["against"] = {s: _against(geo, m) for s, m in med.items() if s != "geopipe"}
+        one, pre = med.get("1f1b"), med.get("1f1b-prefetch")
+        if geo and one and pre and one["bubble"] - geo["bubble"] > 0:
+            total = one["bubble"] - geo["bubble"]
+            result["early_posting_share"] = (one["bubble"] - pre["bubble"]) / total
+            result["overlap_share"] = (pre["bubble"] - geo["bubble"]) / total
         return result
 
     def to_json(self) -> dict[str, Any]:
@@ -173,3 +208,30 @@ class ExperimentRecord:
 
     def save(self, exp_dir: Path) -> None:
         (exp_dir / "summary.json").write_text(json.dumps(self.to_json(), indent=1))
+
+
+def _medians(points: list[Point]) -> dict[str, Any]:
+    """Median and [min, max] of a schedule's figures over its repetitions."""
+    def spread(values: list[float]) -> tuple[float, float, float]:
+        return statistics.median(values), min(values), max(values)
+
+    bubbles = [p.bubble for p in points if p.bubble is not None]
+    own = [p.bubble_own for p in points if p.bubble_own is not None]
+    steps = [p.measured.step_time_s for p in points]
+    peaks = [p.measured.peak_inflight_activation_bytes for p in points if p.measured.peak_inflight_activation_bytes]
+    stretch = [max(p.measured.span_stretch_per_stage) for p in points if p.measured.span_stretch_per_stage]
+    b = spread(bubbles) if bubbles else (float("nan"),) * 3
+    st = spread(steps)
+    return {"bubble": b[0], "bubble_range": [b[1], b[2]], "bubble_own": statistics.median(own) if own else None,
+            "step_s": st[0], "step_range": [st[1], st[2]],
+            "tokens_per_s": statistics.median(p.measured.tokens_per_s for p in points),
+            "peak_bytes": max(peaks) if peaks else None, "stretch": statistics.median(stretch) if stretch else None,
+            "runs": len(points), "repeated": sum(p.measured.repeated for p in points),
+            "disturbed": sum(1 for p in points if p.measured.host_load and p.measured.host_load.disturbed)}
+
+
+def _against(geo: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """geopipe against one baseline: bubble cut, step-time speed-up, memory multiple."""
+    cut = 1 - geo["bubble"] / base["bubble"] if base["bubble"] and base["bubble"] > 0 else None
+    memory = geo["peak_bytes"] / base["peak_bytes"] if geo["peak_bytes"] and base["peak_bytes"] else None
+    return {"bubble_cut": cut, "speedup": base["step_s"] / geo["step_s"], "memory_multiple": memory}

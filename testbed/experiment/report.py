@@ -10,53 +10,70 @@ from pathlib import Path
 
 from testbed.experiment import plots
 from testbed.experiment.records import ExperimentRecord
+from testbed.run.hostload import STEAL_BOUND
+from testbed.run.summary import STRETCH_FLAG
 from testbed.util import table, units
 
 MODEL_DIVERGENCE = 0.20
 
 
+def focus_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
+    """The headline table: every schedule at the focus distance and the headline budget, medians over the
+    repetitions with [min-max], and geopipe's speed-up and memory against it."""
+    f = record.focus_table()
+    headers = ["schedule", "bubble vs ref", "bubble own spans", "step s", "geopipe speed-up", "tokens/s",
+               "peak in-flight", "geopipe memory x", "stretch", "runs (repeated)"]
+    rows = []
+    for schedule in record.spec.headline_schedules:
+        m = f["medians"].get(schedule)
+        if not m:
+            continue
+        against = f.get("against", {}).get(schedule, {})
+        rows.append([
+            schedule, f"{m['bubble']:.3f} [{m['bubble_range'][0]:.3f}-{m['bubble_range'][1]:.3f}]",
+            "-" if m["bubble_own"] is None else f"{m['bubble_own']:.3f}",
+            f"{m['step_s']:.3f} [{m['step_range'][0]:.3f}-{m['step_range'][1]:.3f}]",
+            f"{against['speedup']:.2f}x" if against else "-", f"{m['tokens_per_s']:.0f}",
+            units.format_size(m["peak_bytes"]) if m["peak_bytes"] else "not measured",
+            f"{against['memory_multiple']:.2f}x" if against.get("memory_multiple") else "-",
+            "-" if m["stretch"] is None else f"{m['stretch']:.2f}" + (" !" if m["stretch"] > STRETCH_FLAG else ""),
+            f"{m['runs']} ({m['repeated']})" + (f", {m['disturbed']} disturbed" if m["disturbed"] else "")])
+    return headers, rows
+
+
 def distance_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]], list[str]]:
-    """The main table (one row per distance) and the divergence notes."""
+    """One row per distance: each schedule's bubble vs reference (median over repetitions) and model, step
+    times, and the divergence notes."""
     schedules = record.spec.schedules
     kms = sorted({p.distance_km for p in record.sweep("distance")})
     headers = ["distance km", "one-way ms", "RTT ms"]
     headers += [f"bubble {s} (model)" for s in schedules]
-    headers += ["reduction geopipe vs 1f1b", "step s 1f1b / geopipe", "tokens/s 1f1b / geopipe",
-                "peak in-flight 1f1b / geopipe"]
+    headers += [f"step s {' / '.join(schedules)}"]
     cpus = int(record.environment.get("cpus") or 0)
     rows, notes = [], []
     for km in kms:
         at_km = record.headline_points(km=km)
-        pts = {p.schedule: p for p in at_km if p.sweep == "distance"}
-        reps = {s: [p.bubble for p in at_km if p.schedule == s and p.bubble is not None] for s in schedules}
-        any_pt = next(iter(pts.values()))
+        any_pt = next(p for p in at_km if p.sweep == "distance")
         row = [f"{km:g}", f"{any_pt.delay_s * 1e3:.2f}", f"{(any_pt.rtt_s or 0.0) * 1e3:.2f}"]
+        steps = []
         for s in schedules:
-            p = pts.get(s)
-            if not p or not reps[s]:
+            pts = [p for p in at_km if p.schedule == s and p.bubble is not None]
+            if not pts:
                 row.append("-")
+                steps.append("-")
                 continue
-            mean = statistics.mean(reps[s])
-            cell = f"{mean:.3f}"
-            if len(reps[s]) > 1:
-                cell += f" [{min(reps[s]):.3f}-{max(reps[s]):.3f}]"
-            if p.predicted_bubble is not None:
-                cell += f" ({p.predicted_bubble:.3f})"
-                if abs(p.predicted_bubble - mean) > MODEL_DIVERGENCE * mean:
+            values = [p.bubble for p in pts if p.bubble is not None]
+            med = statistics.median(values)
+            cell = f"{med:.3f}" + (f" [{min(values):.3f}-{max(values):.3f}]" if len(values) > 1 else "")
+            model = next((p.predicted_bubble for p in pts if p.predicted_bubble is not None), None)
+            if model is not None:
+                cell += f" ({model:.3f})"
+                if abs(model - med) > MODEL_DIVERGENCE * med:
                     cell += " !"
-                    notes.append(divergence_note(km, s, mean, p.predicted_bubble, cpus))
+                    notes.append(divergence_note(km, s, med, model, cpus))
             row.append(cell)
-        one, geo = pts.get("1f1b"), pts.get("geopipe")
-        if one and geo and reps["1f1b"] and reps["geopipe"]:
-            red = 1 - statistics.mean(reps["geopipe"]) / statistics.mean(reps["1f1b"])
-            m1, mg = one.measured, geo.measured
-            row += [f"{red:.1%}", f"{m1.step_time_s:.3f} / {mg.step_time_s:.3f}",
-                    f"{m1.tokens_per_s:.0f} / {mg.tokens_per_s:.0f}",
-                    f"{units.format_size(m1.peak_inflight_activation_bytes)} / "
-                    f"{units.format_size(mg.peak_inflight_activation_bytes)}"]
-        else:
-            row += ["-"] * 4
-        rows.append(row)
+            steps.append(f"{statistics.median(p.measured.step_time_s for p in pts):.3f}")
+        rows.append([*row, " / ".join(steps)])
     return headers, rows, notes
 
 
@@ -80,14 +97,54 @@ def divergence_note(km: float, schedule: str, measured: float, model: float, cpu
 
 
 def budget_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
-    pts = sorted(record.sweep("budget"), key=lambda p: p.memory_budget or 0)
-    rows = [[units.format_size(p.memory_budget), f"{p.bubble:.3f}" if p.bubble is not None else "-",
-             "-" if p.predicted_bubble is None else f"{p.predicted_bubble:.3f}",
-             units.format_size(p.measured.peak_inflight_activation_bytes),
-             ", ".join(map(str, p.sizing.extra_inflight)) if p.sizing else "-",
-             ", ".join(p.sizing.bound) if p.sizing else "-"]
-            for p in pts]
-    return ["memory budget", "bubble geopipe", "model", "peak in-flight", "extra in flight", "bound"], rows
+    """geopipe at each budget of the sweep: what it was allowed, wanted, held, and the bubble it reached."""
+    one = record.focus_table()["medians"].get("1f1b")
+    rows = []
+    for p in record.sweep("budget"):
+        m, sizing = p.measured, p.sizing
+        allowed = max(m.budget_bytes_per_stage) if m.budget_bytes_per_stage else None
+        peak = m.peak_inflight_activation_bytes
+        rows.append([p.memory_budget or "none", units.format_size(allowed) if allowed else "-",
+                     f"{p.bubble:.3f}" if p.bubble is not None else "-",
+                     "-" if p.predicted_bubble is None else f"{p.predicted_bubble:.3f}", f"{m.step_time_s:.3f}",
+                     units.format_size(peak) if peak else "-",
+                     f"{peak / one['peak_bytes']:.2f}x" if peak and one and one["peak_bytes"] else "-",
+                     ", ".join(map(str, sizing.extra_inflight)) if sizing else "-",
+                     ", ".join(map(str, sizing.wanted_extra)) if sizing else "-",
+                     ", ".join(sizing.bound) if sizing else "-"])
+    return ["budget", "bytes (stage 0)", "bubble vs ref", "model", "step s", "peak in-flight", "x 1f1b",
+            "extra in flight", "wanted", "bound"], rows
+
+
+def least_hiding_budget(record: ExperimentRecord) -> str | None:
+    """The smallest budget of the sweep under which the plan hid every link (no stage bound by memory)."""
+    for p in record.sweep("budget"):
+        if p.sizing and "memory budget" not in p.sizing.bound:
+            return p.memory_budget
+    return None
+
+
+def rate_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
+    """The rate sweep (bandwidth-bound by default): where one transfer outlasts a micro-batch's compute,
+    overlap stops paying; the model beside each figure."""
+    rows = []
+    act = record.model_inputs.activation_bytes if record.model_inputs else None
+    compute = (statistics.mean(f + b for f, b in zip(record.model_inputs.forward_s, record.model_inputs.backward_s,
+                                                      strict=True)) if record.model_inputs else None)
+    for rate in sorted({p.rate_bps for p in record.sweep("rate")}):
+        pts = {p.schedule: p for p in record.sweep("rate") if p.rate_bps == rate}
+        transfer = act * 8 / rate if act else None
+        cells = [f"{rate / 1e6:g}", "-" if transfer is None else f"{transfer * 1e3:.1f}",
+                 "-" if compute is None else f"{compute * 1e3:.1f}"]
+        for s in ("1f1b-prefetch", "geopipe"):
+            p = pts.get(s)
+            cells.append("-" if p is None or p.bubble is None else
+                         f"{p.bubble:.3f}" + (f" ({p.predicted_bubble:.3f})" if p.predicted_bubble is not None else ""))
+            cells.append("-" if p is None else f"{p.measured.step_time_s:.3f}"
+                         + (f" ({p.predicted_step_s:.3f})" if p.predicted_step_s is not None else ""))
+        rows.append(cells)
+    return ["rate Mbit/s", "one transfer ms", "F+B per micro-batch ms", "bubble 1f1b-prefetch (model)",
+            "step s 1f1b-prefetch (model)", "bubble geopipe (model)", "step s geopipe (model)"], rows
 
 
 def headline(record: ExperimentRecord) -> list[str]:
@@ -99,12 +156,47 @@ def headline(record: ExperimentRecord) -> list[str]:
                      f"Complete it with: testbed experiment --resume <this folder>.")
     elif record.resumed:
         lines.append(f"Completed after {record.resumed} resume(s) of a stopped run.")
-    if "reduction_mean" in f:
-        one, geo = f["bubbles"]["1f1b"], f["bubbles"]["geopipe"]
-        lines.append(f"At {f['distance_km']:g} km, over {f['repetitions']} repetitions: 1f1b bubble "
-                     f"{statistics.mean(one):.3f} [{min(one):.3f}-{max(one):.3f}], geopipe {statistics.mean(geo):.3f} "
-                     f"[{min(geo):.3f}-{max(geo):.3f}]: geopipe cuts the bubble ratio by {f['reduction_mean']:.1%} "
-                     f"(spread {f['reduction_min']:.1%}-{f['reduction_max']:.1%}; GeoPipe paper: up to 78.91 %).")
+    med, against = f["medians"], f.get("against", {})
+    geo = med.get("geopipe")
+    budget = record.spec.memory_budget or "none"
+    if geo:
+        sizing = next((p.sizing for p in record.headline_points("geopipe", f["distance_km"]) if p.sizing), None)
+        binds = sizing is not None and "memory budget" in sizing.bound
+        lines.append(
+            f"At {f['distance_km']:g} km under the memory budget {budget} ("
+            + ("it binds: geopipe wanted " + "/".join(map(str, sizing.wanted_extra)) + " extra micro-batches per stage, "
+               "held " + "/".join(map(str, sizing.extra_inflight)) if binds and sizing else "it did not bind")
+            + f"), medians over {f['repetitions']} interleaved repetitions; bubble = 1 - uncontended compute / "
+              "step time:")
+        for base, vs in against.items():
+            b = med[base]
+            cut = "-" if vs["bubble_cut"] is None else f"{vs['bubble_cut']:.1%}"
+            lines.append(f"geopipe vs {base}: bubble {b['bubble']:.3f} -> {geo['bubble']:.3f} (cut {cut}), "
+                         f"step {b['step_s']:.3f} -> {geo['step_s']:.3f} s (speed-up {vs['speedup']:.2f}x)"
+                         + (f", memory {vs['memory_multiple']:.2f}x" if vs["memory_multiple"] else ""))
+    if "early_posting_share" in f:
+        one, pre = med["1f1b"], med["1f1b-prefetch"]
+        lines.append(f"Of geopipe's cut against 1f1b ({one['bubble']:.3f} -> {geo['bubble']:.3f}), posting receives "
+                     f"early accounts for {f['early_posting_share']:.0%} (1f1b-prefetch: {pre['bubble']:.3f}) and "
+                     f"overlap under the budget for {f['overlap_share']:.0%}. The GeoPipe paper reports up to 78.91 % "
+                     f"against 1F1B; here the fair figure, against 1f1b-prefetch, is "
+                     f"{against['1f1b-prefetch']['bubble_cut']:.1%}.")
+    least = least_hiding_budget(record)
+    if record.sweep("budget"):
+        lines.append(f"Least budget of the sweep under which the plan hid the link: {least or 'none of them'}.")
+    stretched = [s for s, m in med.items() if m["stretch"] and m["stretch"] > STRETCH_FLAG]
+    if stretched:
+        lines.append(f"Own F/B spans stretched more than {STRETCH_FLAG:.2f}x over the uncontended reference for "
+                     f"{', '.join(stretched)}: their own-span bubble ratios are flattered; the figures above use the "
+                     "reference.")
+    unbudgeted = [s for s in record.spec.headline_schedules if s not in ("1f1b", "1f1b-prefetch", "geopipe")]
+    if unbudgeted and record.spec.memory_budget:
+        lines.append(f"{', '.join(unbudgeted)} ran without the budget (not instrumented for memory, or unable to "
+                     "fit it).")
+    repeated = sum(p.measured.repeated for p in record.points)
+    disturbed = sum(1 for p in record.points if p.measured.host_load and p.measured.host_load.disturbed)
+    lines.append(f"Host: {repeated} run(s) measured again because the host was disturbed (CPU steal > "
+                 f"{STEAL_BOUND:.0%}), {disturbed} kept disturbed.")
     lossy = [p for p in record.points if not p.lossless_ok]
     if lossy:
         lines.append(f"NOT LOSSLESS: {len(lossy)} run(s) lost packets on a lossless link ("
@@ -124,11 +216,18 @@ def headline(record: ExperimentRecord) -> list[str]:
 
 def terminal_summary(exp_dir: Path) -> str:
     record = ExperimentRecord.load(exp_dir)
+    fh, fr = focus_rows(record)
+    out = [table.render(fh, fr, f"at {record.spec.focus_km:g} km, budget {record.spec.memory_budget or 'none'}: "
+                                "medians [min-max] over repetitions; ! = spans stretched over the reference")]
     headers, rows, notes = distance_rows(record)
-    out = [table.render(headers, rows, "bubble ratio per schedule: measured mean [min-max] (model), ! = >20 % apart")]
+    out.append(table.render(headers, rows, "\nbubble vs reference per distance: median [min-max] (model), "
+                                           "! = >20 % apart"))
     bh, br = budget_rows(record)
     if br:
-        out.append(table.render(bh, br, f"\nmemory budget at {record.spec.focus_km:g} km"))
+        out.append(table.render(bh, br, f"\nmemory budget at {record.spec.focus_km:g} km (geopipe)"))
+    rh, rr = rate_rows(record)
+    if rr:
+        out.append(table.render(rh, rr, f"\nlink rate at {record.spec.focus_km:g} km"))
     out += ["", *headline(record)]
     out += [f"model divergence: {n}" for n in notes]
     return "\n".join(out)
@@ -142,16 +241,25 @@ def _md_table(headers: list[str], rows: list[list[str]]) -> str:
 
 def write_report(exp_dir: Path) -> tuple[Path, Path]:
     record = ExperimentRecord.load(exp_dir)
+    fh, fr = focus_rows(record)
     headers, rows, notes = distance_rows(record)
     bh, br = budget_rows(record)
+    rh, rr = rate_rows(record)
     images = sorted(p.name for p in exp_dir.glob("*.png"))
     parts = [f"# GeoPipe experiment {record.id}", "", *[f"- {line}" for line in headline(record)], "",
-             "## Bubble ratio vs distance", "", "Measured mean [min-max over repetitions] (model); `!` marks a "
-             "model more than 20 % off the measurement.", "", _md_table(headers, rows), ""]
+             f"## At {record.spec.focus_km:g} km, budget {record.spec.memory_budget or 'none'}", "",
+             "Medians [min-max] over interleaved repetitions. Bubble vs ref = 1 - the stage's uncontended compute / "
+             "step time (the headline's); own spans = 1 - its F/B spans / step time. Stretch = own spans / reference "
+             f"(`!` above {STRETCH_FLAG:.2f}).", "", _md_table(fh, fr), "",
+             "## Bubble ratio vs distance", "", "Bubble vs reference, median [min-max over repetitions] (model); `!` "
+             "marks a model more than 20 % off the measurement.", "", _md_table(headers, rows), ""]
     if notes:
         parts += ["Where the model diverges, and why:", "", *[f"- {n}" for n in notes], ""]
     if br:
         parts += [f"## Memory budget at {record.spec.focus_km:g} km", "", _md_table(bh, br), ""]
+    if rr:
+        parts += [f"## Link rate at {record.spec.focus_km:g} km", "", "Where one transfer outlasts a micro-batch's "
+                  "compute, the link is the bottleneck and overlap cannot pay.", "", _md_table(rh, rr), ""]
     parts += ["## Plots", "", *[f"![{name}]({name})" for name in images], "",
               "Files: `summary.json` (everything), `points.csv`, `topology.yaml`, `plan.json`, `environment.json`, "
               "`model_inputs.json`, `runs/*/summary.json` and `runs/*/trace.json` (chrome://tracing, Perfetto)."]

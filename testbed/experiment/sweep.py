@@ -1,9 +1,9 @@
 """`testbed experiment` / `make demo`: the GeoPipe experiment end to end.
 
 Bring the default topology up and verify it; sweep the cross-DC distance (the link's one-way delay at
-5 us/km, both directions) running each schedule; repeat the focus distance for the spread; sweep the
-memory budget at the focus distance (the HBM trade-off); optionally the link rate and the micro-batch
-count; tear down; write results/<id>/ with summary.json, CSV, topology, plan, environment, per-run traces,
+5 us/km, both directions) running each schedule under the headline memory budget; repeat the focus distance
+with every schedule in turn, PyTorch's strongest included, for the spread; sweep the memory budget at the
+focus distance (the HBM trade-off); a bandwidth-bound link rate; optionally the micro-batch count; tear down; write results/<id>/ with summary.json, CSV, topology, plan, environment, per-run traces,
 plots and a report, each figure next to the analytical model's prediction.
 """
 
@@ -26,16 +26,32 @@ from testbed.check.verify import verify_testbed
 from testbed.deploy import lifecycle
 from testbed.deploy.linkset import set_link
 from testbed.experiment import plots, report
-from testbed.experiment.model import StageTimes, fit_message_overhead, predict, stage_times
+from testbed.experiment.model import (
+    MODELLED,
+    StageTimes,
+    bubble_vs_reference,
+    fit_message_overhead,
+    predict,
+    stage_times,
+)
 from testbed.experiment.records import ExperimentRecord, ExperimentSpec, ModelPrediction, Point
 from testbed.plan.model import LinkDirection
 from testbed.probe.latency import round_trip
-from testbed.run.runner import RunOptions, pipeline_hosts, run_schedules, stage_links
+from testbed.run.runner import RunOptions, run_schedules, stage_links
 from testbed.topology import load_topology
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
 from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT, resolve_topology
 from workloads.records import RankTrace
+
+
+BUDGETED = ("1f1b", "1f1b-prefetch", "geopipe")
+"""Schedules that run under the experiment's memory budget (gpipe cannot fit a 1F1B-relative one; PyTorch's
+schedules are not instrumented for memory): the others run without one, and the report says so."""
+
+
+def applied_budget(schedule: str, budget: str | None) -> str | None:
+    return budget if schedule in BUDGETED else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +64,16 @@ class Setting:
     microbatches: int
     schedule: str
     repetition: int = 0
-    budget_bytes: int | None = None
-    budget_stash: int | None = None
-    """Budget sweep: the budget in stashes of the 0 km run (its bytes are known once that run is measured)."""
+    budget: str | None = None
+    """In-flight budget (bytes or 1f1b+N) for the schedules in BUDGETED."""
+
+    @property
+    def applied_budget(self) -> str | None:
+        return applied_budget(self.schedule, self.budget)
 
     @property
     def label(self) -> str:
-        budget = f"-s{self.budget_stash}" if self.budget_stash else (f"-b{self.budget_bytes}" if self.budget_bytes else "")
+        budget = f"-b{self.applied_budget}" if self.applied_budget else ""
         return (f"{self.sweep}-{self.km:g}km-{self.rate_bps / 1e6:g}mbit-m{self.microbatches}-{self.schedule}"
                 f"-r{self.repetition}{budget}")
 
@@ -98,18 +117,22 @@ class Experiment:
         return exp
 
     def planned(self) -> list[Setting]:
-        """Every run of the experiment, in the order it runs them (0 km first: the model's inputs)."""
+        """Every run of the experiment, in the order it runs them (0 km first: the model's inputs). At the
+        focus distance every repetition runs every schedule in turn (interleaved), so a slow stretch of the
+        host lands on all of them rather than on one."""
         s = self.spec
-        rate = self.base_rate_bps
-        out = [Setting("distance", km, rate, s.microbatches, schedule, budget_bytes=s.memory_budget)
-               for km in sorted(s.distances_km, key=lambda d: (d != 0, d)) for schedule in s.schedules]
-        out += [Setting("repeat", s.focus_km, rate, s.microbatches, schedule, rep, budget_bytes=s.memory_budget)
-                for rep in range(1, s.repetitions) for schedule in ("1f1b", "geopipe")]
-        out += [Setting("budget", s.focus_km, rate, s.microbatches, "geopipe", budget_stash=k) for k in s.budgets_stash]
-        out += [Setting("rate", s.focus_km, r * 1e6, s.microbatches, schedule, budget_bytes=s.memory_budget)
-                for r in s.rates_mbit for schedule in ("1f1b", "geopipe")]
-        out += [Setting("microbatches", s.focus_km, rate, m, schedule, budget_bytes=s.memory_budget)
-                for m in s.microbatch_counts for schedule in ("1f1b", "geopipe")]
+        rate, budget = self.base_rate_bps, s.memory_budget
+        every = s.headline_schedules
+        out = [Setting("distance", km, rate, s.microbatches, schedule, budget=budget)
+               for km in sorted(s.distances_km, key=lambda d: (d != 0, d))
+               for schedule in (every if km == s.focus_km else s.schedules)]
+        out += [Setting("repeat", s.focus_km, rate, s.microbatches, schedule, rep, budget=budget)
+                for rep in range(1, s.repetitions) for schedule in every]
+        out += [Setting("budget", s.focus_km, rate, s.microbatches, "geopipe", budget=b) for b in s.budgets]
+        out += [Setting("rate", s.focus_km, r * 1e6, s.microbatches, schedule, budget=budget)
+                for r in s.rates_mbit for schedule in ("1f1b-prefetch", "geopipe")]
+        out += [Setting("microbatches", s.focus_km, rate, m, schedule, budget=budget)
+                for m in s.microbatch_counts for schedule in ("1f1b-prefetch", "geopipe")]
         return out
 
     def missing(self) -> list[Setting]:
@@ -176,15 +199,13 @@ class Experiment:
     def _point(self, backend: Backend, setting: Setting, rtt: float) -> None:
         raise_if_pending()
         s = self.spec
-        budget = setting.budget_bytes
-        if setting.budget_stash is not None:
-            budget = setting.budget_stash * (max(self.times.stash_bytes) if self.times else 0)
+        budget = setting.applied_budget
         options = RunOptions(schedules=[setting.schedule], microbatches=setting.microbatches, iterations=s.iterations,
-                             model=s.model, memory_budget=budget or None)
+                             model=s.model, memory_budget=budget)
         elapsed = time.monotonic() - self.started + self.seconds_before
         self.log(f"[{elapsed:5.0f} s] {setting.sweep}: {setting.km:g} km, {setting.rate_bps / 1e6:g} Mbit/s, "
                  f"m={setting.microbatches}, {setting.schedule}"
-                 + (f", budget {budget / 2**20:.1f} MiB" if budget else "")
+                 + (f", budget {budget}" if budget else "")
                  + (f", repetition {setting.repetition + 1}" if setting.repetition else ""))
         run_dir, summary = run_schedules(backend, options, self.dir / "runs", run_id=setting.label, log=lambda _m: None)
         measured = summary.schedules[0]
@@ -192,7 +213,7 @@ class Experiment:
             self._fit_model(backend, run_dir, measured.step_time_s, setting.microbatches)
         point = Point(sweep=setting.sweep, distance_km=setting.km, delay_s=setting.km * FIBRE_DELAY_S_PER_KM,
                       rate_bps=setting.rate_bps, microbatches=setting.microbatches, schedule=setting.schedule,
-                      repetition=setting.repetition, memory_budget=budget or None, rtt_s=rtt, measured=measured,
+                      repetition=setting.repetition, memory_budget=budget, rtt_s=rtt, measured=measured,
                       predicted_bubble=None, predicted_step_s=None, run_dir=str(run_dir), label=setting.label,
                       lossless_ok=summary.lossless_ok, daemon_restarts=summary.daemon_restarts,
                       lost_packets=sum(lk.drops_during_run or 0 for lk in summary.links if lk.lossless))
@@ -200,7 +221,9 @@ class Experiment:
         self.points.append(point)
         self.log(f"        bubble {point.bubble:.3f}"
                  + (f" (model {point.predicted_bubble:.3f})" if point.predicted_bubble is not None else "")
-                 + f", step {measured.step_time_s:.3f} s, loss {measured.loss_last:.3f}")
+                 + f", step {measured.step_time_s:.3f} s"
+                 + (f", loss {measured.loss_last:.3f}" if measured.loss_last is not None else "")
+                 + (f", repeated {measured.repeated}x (host disturbed)" if measured.repeated else ""))
         self.advance()
 
     def _fit_model(self, backend: Backend, run_dir: Path, step_s: float, microbatches: int) -> None:
@@ -208,7 +231,7 @@ class Experiment:
         fitted parameter (per-message overhead) that makes the model reproduce that run's step time."""
         ranks = [RankTrace.from_json(json.loads(p.read_text())) for p in sorted((run_dir / "1f1b").glob("rank-*.json"))]
         self.times = stage_times(ranks)
-        links = stage_links(backend.state.plan, pipeline_hosts(backend.state.plan))   # the link is at 0 km now
+        links = stage_links(backend.state.plan, RunOptions(schedules=["1f1b"]).hosts(backend.state.plan))  # at 0 km
         self.overhead_s = fit_message_overhead("1f1b", self.times, microbatches, [0.0] * len(links),
                                                [lk.rate_bps for lk in links], step_s)
         (self.dir / "model_inputs.json").write_text(json.dumps(
@@ -220,17 +243,17 @@ class Experiment:
     def _predict(self, backend: Backend, point: Point) -> None:
         """The model at this point's setting: the swept link's delay and rate on the stage links that cross
         DCs, the fabric (no delay) on the others."""
-        if self.times is None:
+        if self.times is None or point.schedule not in MODELLED:
             return
         plan = backend.state.plan
-        hosts = pipeline_hosts(plan)
+        hosts = RunOptions(schedules=["1f1b"]).hosts(plan)
         crossing = [a.dc != b.dc for a, b in zip(hosts, hosts[1:], strict=False)]
         fabric = [lk.rate_bps for lk in stage_links(plan, hosts)]
         delays = [point.delay_s if c else 0.0 for c in crossing]
         rates = [point.rate_bps if c else f for c, f in zip(crossing, fabric, strict=True)]
         pred, _ = predict(point.schedule, self.times, point.microbatches, delays, rates, point.memory_budget,
                           self.overhead_s)
-        point.predicted_bubble, point.predicted_step_s = pred.mean_bubble_ratio, pred.iteration_s
+        point.predicted_bubble, point.predicted_step_s = bubble_vs_reference(pred, self.times), pred.iteration_s
 
     def _write(self, backend: Backend | None, stopped: str | None = None) -> None:
         """summary.json, points.csv, environment.json, plots and report of what was measured (all of it, or
@@ -247,10 +270,12 @@ class Experiment:
         predictions = []
         if self.times is not None:
             for km in self.spec.predict_km:
-                for schedule in self.spec.schedules:
+                for schedule in (s for s in self.spec.schedules if s in MODELLED):
                     pred, _ = predict(schedule, self.times, self.spec.microbatches, [km * FIBRE_DELAY_S_PER_KM],
-                                      [self.base_rate_bps], self.spec.memory_budget, self.overhead_s)
-                    predictions.append(ModelPrediction(km, schedule, pred.mean_bubble_ratio, pred.iteration_s))
+                                      [self.base_rate_bps], applied_budget(schedule, self.spec.memory_budget),
+                                      self.overhead_s)
+                    predictions.append(ModelPrediction(km, schedule, bubble_vs_reference(pred, self.times),
+                                                       pred.iteration_s))
         missing = [st.label for st in self.missing()]
         record = ExperimentRecord(id=self.id, spec=self.spec, environment=env, points=self.points,
                                   model_only=predictions, model_inputs=self.times, message_overhead_s=self.overhead_s,
@@ -259,15 +284,18 @@ class Experiment:
         with open(self.dir / "points.csv", "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["sweep", "distance_km", "delay_ms", "rate_mbit", "microbatches", "schedule", "repetition",
-                             "memory_budget_bytes", "rtt_ms", "bubble_ratio", "bubble_model", "step_s", "step_model_s",
-                             "tokens_per_s", "exposed_comm_s", "peak_inflight_bytes", "loss_last"])
+                             "memory_budget", "rtt_ms", "bubble_vs_reference", "bubble_own_spans", "bubble_model",
+                             "step_s", "step_model_s", "tokens_per_s", "exposed_comm_s", "peak_inflight_bytes",
+                             "span_stretch_max", "steal_fraction", "repeated", "loss_last"])
             for p in self.points:
                 m = p.measured
+                load = m.host_load
                 writer.writerow([p.sweep, p.distance_km, p.delay_s * 1e3, p.rate_bps / 1e6, p.microbatches, p.schedule,
                                  p.repetition, p.memory_budget or "", _r(p.rtt_s, 1e3), _r(p.bubble),
-                                 _r(p.predicted_bubble), _r(m.step_time_s), _r(p.predicted_step_s),
+                                 _r(p.bubble_own), _r(p.predicted_bubble), _r(m.step_time_s), _r(p.predicted_step_s),
                                  _r(m.tokens_per_s), _r(m.exposed_comm_s), m.peak_inflight_activation_bytes,
-                                 _r(m.loss_last)])
+                                 _r(max(m.span_stretch_per_stage) if m.span_stretch_per_stage else None),
+                                 _r(load.steal_fraction if load else None), m.repeated, _r(m.loss_last)])
         plots.render_all(self.dir)
         report.write_report(self.dir)
 

@@ -1,5 +1,6 @@
-"""From per-rank traces to the numbers of summary.json: bubble ratio per stage, step time, tokens/s,
-exposed communication, peak in-flight activation memory. Steady-state iterations only (warm-up excluded).
+"""From per-rank traces to the numbers of summary.json: bubble ratio per stage (against the schedule's own
+F/B spans, and against the uncontended reference compute), step time, tokens/s, exposed communication, peak
+in-flight memory and its budget, span stretch. Steady-state iterations only (warm-up excluded).
 
 Per stage, the bubble ratio and exposed communication are the median over steady iterations, like the step
 time: a host hiccup of one iteration is not the schedule's doing. Every iteration's figures stay in
@@ -32,9 +33,15 @@ def summarize(schedule: str, ranks: list[RankTrace], tokens_per_step: int) -> Sc
     has_compute = all(bubbles)
     per_stage = [statistics.median(b) for b in bubbles] if has_compute else None
     peaks = [max((it.peak_inflight_bytes or 0) for it in r.iterations) for r in ranks]
-    losses = [it.loss for it in ranks[-1].iterations if it.loss is not None]
+    losing = next((r for r in reversed(ranks) if any(it.loss is not None for it in r.iterations)), ranks[-1])
+    losses = [it.loss for it in losing.iterations if it.loss is not None]     # the rank holding the last stage
     compute = ([statistics.mean(ranks[s].iterations[i].compute_s or 0.0 for i in steady) for s in range(len(ranks))]
                if has_compute else None)
+    reference = [min(r.reference_compute_s) for r in ranks] if all(r.reference_compute_s for r in ranks) else None
+    vs_ref = [1 - ref / step_time for ref in reference] if reference else None
+    stretch = ([c / ref for c, ref in zip(compute, reference, strict=True)] if compute and reference else None)
+    budgets = [r.budget_bytes for r in ranks]
+    budget_list = [int(b) for b in budgets] if all(b is not None for b in budgets) else None
     return ScheduleSummary(
         schedule=schedule,
         bubble_ratio=statistics.mean(per_stage) if per_stage else None,
@@ -51,7 +58,13 @@ def summarize(schedule: str, ranks: list[RankTrace], tokens_per_step: int) -> Sc
         loss_first=losses[0] if losses else None,
         loss_last=losses[-1] if losses else None,
         iterations=len(steady),
-        geopipe_sizing=ranks[0].geopipe_sizing)
+        geopipe_sizing=ranks[0].geopipe_sizing,
+        reference_compute_s_per_stage=reference,
+        bubble_vs_reference=statistics.mean(vs_ref) if vs_ref else None,
+        bubble_vs_reference_per_stage=vs_ref,
+        span_stretch_per_stage=stretch,
+        budget_bytes_per_stage=budget_list,
+        budget_ok=budget_list is None or all(p <= b for p, b in zip(peaks, budget_list, strict=True)))
 
 
 def chrome_trace(runs: dict[str, list[RankTrace]]) -> dict[str, Any]:

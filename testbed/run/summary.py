@@ -7,8 +7,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from testbed.run.hostload import HostLoad
 from testbed.util import table, units
 from workloads.schedule import GeoPipeSizing
+
+STRETCH_FLAG = 1.05
+"""A schedule whose own F/B spans took more than this multiple of the uncontended reference is flagged: its
+own-span bubble ratio is flattered by the stretch (judge it by step time or the bubble vs the reference)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -35,17 +40,37 @@ class ScheduleSummary:
     loss_last: float | None
     iterations: int
     geopipe_sizing: GeoPipeSizing | None = None
+    reference_compute_s_per_stage: list[float] | None = None
+    """Per stage (rank): its F+B of one step's micro-batches with no communication (the least measured)."""
+    bubble_vs_reference: float | None = None
+    """Mean over stages of 1 - reference / step time: the bubble no stretched span can hide (the headline's)."""
+    bubble_vs_reference_per_stage: list[float] | None = None
+    span_stretch_per_stage: list[float] | None = None
+    """Per stage: own F+B spans over the reference (1.0: as fast as alone; flagged above STRETCH_FLAG)."""
+    budget_bytes_per_stage: list[int] | None = None
+    """The in-flight budget each stage ran under (enforced by the workers), None for none."""
+    budget_ok: bool = True
+    """Every stage's measured in-flight peak stayed within its budget."""
+    host_load: HostLoad | None = None
+    repeated: int = 0
+    """Times this run was measured again because the host was disturbed (hostload.STEAL_BOUND)."""
+
+    @property
+    def stretched(self) -> bool:
+        return any(x > STRETCH_FLAG for x in self.span_stretch_per_stage or [])
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "stretched": self.stretched}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ScheduleSummary:
         """Also reads summaries of 0.1 (`geo_plan`)."""
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"geopipe_sizing", "host_load"}
         sizing = data.get("geopipe_sizing", data.get("geo_plan"))
-        return cls(**{k: v for k, v in data.items() if k in known and k != "geopipe_sizing"},
-                   geopipe_sizing=GeoPipeSizing.from_json(sizing) if sizing else None)
+        load = data.get("host_load")
+        return cls(**{k: v for k, v in data.items() if k in known},
+                   geopipe_sizing=GeoPipeSizing.from_json(sizing) if sizing else None,
+                   host_load=HostLoad.from_json(load) if load else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +157,20 @@ class RunSummary:
     def render(self) -> str:
         rows = []
         for s in self.schedules:
-            br = s.bubble_ratio
-            rows.append((s.schedule, "-" if br is None else f"{br:.3f}",
-                         "-" if s.bubble_ratio_per_stage is None else " ".join(f"{b:.3f}" for b in s.bubble_ratio_per_stage),
+            br, ref = s.bubble_ratio, s.bubble_vs_reference
+            stretch = max(s.span_stretch_per_stage) if s.span_stretch_per_stage else None
+            load = s.host_load
+            rows.append((s.schedule, "-" if ref is None else f"{ref:.3f}", "-" if br is None else f"{br:.3f}",
+                         "-" if stretch is None else f"{stretch:.2f}" + (" !" if s.stretched else ""),
                          f"{s.step_time_s:.3f}", f"{s.tokens_per_s:.0f}",
-                         "-" if s.exposed_comm_s is None else f"{s.exposed_comm_s:.3f}",
                          "-" if s.peak_inflight_activation_bytes is None
                          else units.format_size(s.peak_inflight_activation_bytes),
+                         "-" if not s.budget_bytes_per_stage else units.format_size(max(s.budget_bytes_per_stage)),
+                         "-" if load is None else f"{load.steal_fraction:.0%}" + (" !" if load.disturbed else ""),
                          f"{s.loss_first:.3f} -> {s.loss_last:.3f}" if s.loss_first is not None else "-"))
-        return table.render(["schedule", "bubble", "per stage", "step s", "tokens/s", "exposed comm s", "peak in-flight",
-                             "loss"], rows, f"\n{self.topology}: {len(self.stages)} stages, shaper {self.shaper}, "
-                                            f"{self.transport}")
+        placement = ", ".join(f"{p.host}" for p in self.stages)
+        return table.render(["schedule", "bubble vs ref", "bubble own spans", "stretch", "step s", "tokens/s",
+                             "peak in-flight", "budget", "steal", "loss"], rows,
+                            f"\n{self.topology}: {len(self.stages)} stages ({placement}), shaper {self.shaper}, "
+                            f"{self.transport}; bubble vs ref = 1 - uncontended compute / step time; "
+                            f"! = spans stretched > {STRETCH_FLAG:.2f}x or host disturbed")
