@@ -169,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             microbatch_size=args.microbatch_size, iterations=args.iterations,
             model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
             memory_budget=args.memory_budget, stages=args.stages, placement=args.placement,
-            hang_timeout_s=args.hang_timeout)
+            hang_timeout_s=args.hang_timeout, lr=args.lr, seed=args.seed, dump_gradients=args.dump_gradients)
         hosts = lifecycle.hosts_of(args.target)
         options.check_stages(len(place_stages(hosts, options.stages, options.placement)))
         with lifecycle.testbed_for(args.target, name=args.name, backend=args.backend, shaper=args.shaper,
@@ -350,6 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--placement", default="spread", choices=["spread", "fill"],
                    help="spread: stages spread evenly over the DCs (default); fill: the first N hosts in DC order")
     p.add_argument("--hang-timeout", type=float, default=60.0, help="fail when no worker reports for this long")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (0: the weights never change)")
+    p.add_argument("--seed", type=int, default=1234, help="model initialisation and data order")
+    p.add_argument("--dump-gradients", action="store_true",
+                   help="each rank writes its last iteration's gradients (grads-rank-<r>.pt beside its trace)")
     p.add_argument("--results", default="results")
     p.add_argument("--name", help="name for a testbed brought up for this run")
     p.add_argument("--shaper", default="auto", choices=SHAPER_CHOICES)

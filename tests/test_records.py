@@ -57,13 +57,17 @@ def test_state_reads_the_extra_records_of_0_1() -> None:
 
 def test_worker_config_and_rank_trace_round_trip() -> None:
     config = WorkerConfig(rank=1, world=2, master_addr="10.0.0.1", master_port=1, schedule="geopipe",
-                          link_delay_s=[0.005], link_rate_bps=[1e9], memory_budget=10, cpu=1)
+                          link_delay_s=[0.005], link_rate_bps=[1e9], memory_budget="1f1b+1", cpu=1)
     assert WorkerConfig.from_json(_through_json(config.to_json())) == config
+    old = {**config.to_json(), "memory_budget": 10}                   # 0.2 wrote bytes as a number
+    assert WorkerConfig.from_json(old).memory_budget == "10"
     it = IterationRecord(iteration=1, warmup=False, start=1.0, end=2.0, spans=[Span("F", 0, 1.0, 1.5)],
                          memory=[(1.0, 5)], peak_inflight_bytes=5, loss=3.0, compute_s=0.5, wait_s=0.1)
     trace = RankTrace(config=config, schedule="geopipe", rank=1, iterations=[it], actions=["F0"],
-                      geopipe_sizing=GeoPipeSizing((1, 0), (0, 2), (1, 0), ("hidden", "no link")),
-                      activation_bytes=128, transport="gloo-tcp")
+                      geopipe_sizing=GeoPipeSizing((1, 0), (0, 2), (1, 0), ("hidden", "no link"), (0.012, 0.0),
+                                                   (1, 0), (100, 90), (80, 40)),
+                      activation_bytes=128, transport="gloo-tcp", reference_compute_s=[0.2, 0.19], budget_bytes=100,
+                      compute_spread=[0.01, 0.012, 0.013])
     assert RankTrace.from_json(_through_json(trace.to_json())) == trace
 
 
@@ -78,6 +82,7 @@ def test_delay_daemon_files_round_trip() -> None:
 
 
 def test_run_summary_round_trips_and_keeps_the_old_link_keys() -> None:
+    from testbed.run.hostload import HostLoad
     from testbed.run.summary import LinkRecord, RunSummary, ScheduleSummary, StageLink, StagePlacement
 
     schedule = ScheduleSummary(
@@ -85,7 +90,12 @@ def test_run_summary_round_trips_and_keeps_the_old_link_keys() -> None:
         step_time_spread_s=[0.9, 1.1], tokens_per_s=100.0, bubble_ratio_iterations=[[0.1], [0.1]], exposed_comm_s=0.0,
         exposed_comm_s_per_stage=[0.0, 0.0], compute_s_per_stage=[0.9, 0.9], peak_inflight_activation_bytes=5,
         peak_inflight_activation_bytes_per_stage=[5, 0], loss_first=4.0, loss_last=3.0, iterations=4,
-        geopipe_sizing=GeoPipeSizing((1, 0), (0, 2), (1, 0), ("hidden", "no link")))
+        geopipe_sizing=GeoPipeSizing((1, 0), (0, 2), (1, 0), ("hidden", "no link")),
+        reference_compute_s_per_stage=[0.8, 0.8], bubble_vs_reference=0.2, bubble_vs_reference_per_stage=[0.2, 0.2],
+        span_stretch_per_stage=[1.12, 1.0], budget_bytes_per_stage=[10, 10], budget_ok=True,
+        host_load=HostLoad(wall_s=5.0, steal_fraction=0.06, run_queue_mean=3.0, run_queue_max=5,
+                           daemon_cpu_fraction=0.05, disturbed=True, reasons=["CPU steal 6.0% > 5%"]), repeated=1)
+    assert schedule.stretched
     summary = RunSummary(
         run_id="r", topology="t", testbed="t", stages=[StagePlacement(0, "h1", "dc-a")], stage_links=[StageLink(0.005, 1e9)],
         links=[LinkRecord("a--b", "dc-a", "dc-b", 0.005, 1e9, "5 ms", True, 0, True)], lossless_ok=True,

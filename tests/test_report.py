@@ -13,6 +13,7 @@ from testbed.experiment import report  # noqa: E402
 from testbed.experiment.model import StageTimes, fit_message_overhead, predict  # noqa: E402
 from testbed.experiment.records import ExperimentRecord, ExperimentSpec, ModelPrediction, Point  # noqa: E402
 from testbed.run.summary import ScheduleSummary  # noqa: E402
+from workloads.schedule import GeoPipeSizing  # noqa: E402
 
 TIMES = StageTimes(forward_s=[0.008, 0.009], backward_s=[0.015, 0.016], activation_bytes=131072,
                    stash_bytes=[5_000_000, 5_000_000])
@@ -25,34 +26,50 @@ def test_fit_recovers_a_known_message_overhead() -> None:
 
 
 def test_model_orders_schedules_and_budget_bounds() -> None:
-    far = {s: predict(s, TIMES, 32, [0.005], [1e9])[0].mean_bubble_ratio for s in ("gpipe", "1f1b", "geopipe")}
-    assert far["geopipe"] < far["1f1b"] < far["gpipe"]
-    tight, geo = predict("geopipe", TIMES, 32, [0.005], [1e9], memory_budget=10_000_000)
-    assert geo is not None and geo.bound[0] == "memory budget"
+    far = {s: predict(s, TIMES, 32, [0.005], [1e9])[0].mean_bubble_ratio
+           for s in ("gpipe", "1f1b", "1f1b-prefetch", "geopipe")}
+    assert far["geopipe"] < far["1f1b-prefetch"] < far["1f1b"] < far["gpipe"]
+    tight, geo = predict("geopipe", TIMES, 32, [0.005], [1e9], memory_budget="1f1b+0")
+    assert geo is not None and geo.bound[0] == "memory budget" and geo.extra_inflight[0] == 0
     assert tight.mean_bubble_ratio > far["geopipe"]
+    assert tight.iteration_s == pytest.approx(predict("1f1b-prefetch", TIMES, 32, [0.005], [1e9])[0].iteration_s)
 
 
 def _point(sweep: str, km: float, schedule: str, bubble: float, model: float, rep: int = 0,
-           budget: int | None = None, run_dir: str = "") -> Point:
+           budget: str | None = "1f1b+1", run_dir: str = "", step: float = 1.0, peak: int | None = 11_000_000,
+           sizing: GeoPipeSizing | None = None) -> Point:
     measured = ScheduleSummary(
-        schedule=schedule, bubble_ratio=bubble, bubble_ratio_per_stage=[bubble, bubble], step_time_s=1.0,
-        step_time_spread_s=[1.0, 1.0], tokens_per_s=8000.0, bubble_ratio_iterations=None, exposed_comm_s=0.1,
-        exposed_comm_s_per_stage=None, compute_s_per_stage=None, peak_inflight_activation_bytes=11_000_000,
-        peak_inflight_activation_bytes_per_stage=None, loss_first=3.3, loss_last=3.2, iterations=4)
+        schedule=schedule, bubble_ratio=bubble - 0.05, bubble_ratio_per_stage=[bubble, bubble], step_time_s=step,
+        step_time_spread_s=[step, step], tokens_per_s=8000.0 / step, bubble_ratio_iterations=None, exposed_comm_s=0.1,
+        exposed_comm_s_per_stage=None, compute_s_per_stage=None, peak_inflight_activation_bytes=peak,
+        peak_inflight_activation_bytes_per_stage=None, loss_first=3.3, loss_last=3.2, iterations=4,
+        bubble_vs_reference=bubble, span_stretch_per_stage=[1.10, 1.0] if peak else None, geopipe_sizing=sizing)
     return Point(sweep=sweep, distance_km=km, delay_s=km * 5e-6, rate_bps=1e9, microbatches=32, schedule=schedule,
                  repetition=rep, memory_budget=budget, rtt_s=2 * km * 5e-6 + 1e-4, measured=measured,
                  predicted_bubble=model, predicted_step_s=1.0, run_dir=run_dir)
 
 
+BOUND = GeoPipeSizing((1, 0), (0, 3), (3, 0), ("memory budget", "no link"))
+HIDDEN = GeoPipeSizing((3, 0), (0, 5), (3, 0), ("hidden", "no link"))
+
+
 @pytest.fixture
 def experiment_dir(tmp_path: Path) -> Path:
-    points = [_point("distance", 0, "1f1b", 0.20, 0.20), _point("distance", 0, "geopipe", 0.10, 0.09),
-              _point("distance", 1000, "1f1b", 0.44, 0.42), _point("distance", 1000, "geopipe", 0.08, 0.05),
-              _point("repeat", 1000, "1f1b", 0.42, 0.42, rep=1), _point("repeat", 1000, "geopipe", 0.09, 0.05, rep=1),
-              _point("budget", 1000, "geopipe", 0.30, 0.29, budget=10_000_000),
-              _point("budget", 1000, "geopipe", 0.09, 0.06, budget=20_000_000)]
+    points = [_point("distance", 0, "1f1b", 0.20, 0.20), _point("distance", 0, "1f1b-prefetch", 0.15, 0.15),
+              _point("distance", 0, "geopipe", 0.10, 0.09),
+              _point("distance", 1000, "1f1b", 0.44, 0.42, step=2.0, peak=8_000_000),
+              _point("distance", 1000, "1f1b-prefetch", 0.30, 0.30, step=1.5, peak=8_500_000),
+              _point("distance", 1000, "geopipe", 0.08, 0.05, step=1.0, peak=12_000_000, sizing=BOUND),
+              _point("distance", 1000, "torch-1f1b", 0.40, 0.40, budget=None, step=1.8, peak=None),
+              _point("repeat", 1000, "1f1b", 0.42, 0.42, rep=1, step=2.2, peak=8_000_000),
+              _point("repeat", 1000, "1f1b-prefetch", 0.32, 0.30, rep=1, step=1.6, peak=8_500_000),
+              _point("repeat", 1000, "geopipe", 0.09, 0.05, rep=1, step=1.0, peak=12_000_000, sizing=BOUND),
+              _point("repeat", 1000, "torch-1f1b", 0.40, 0.40, rep=1, budget=None, step=1.8, peak=None),
+              _point("budget", 1000, "geopipe", 0.30, 0.29, budget="1f1b+0", sizing=BOUND),
+              _point("budget", 1000, "geopipe", 0.09, 0.06, budget="1f1b+3", sizing=HIDDEN)]
     record = ExperimentRecord(
-        id="test", spec=ExperimentSpec(schedules=["1f1b", "geopipe"], memory_budget=None, focus_km=1000),
+        id="test", spec=ExperimentSpec(schedules=["1f1b", "1f1b-prefetch", "geopipe"], focus_schedules=["torch-1f1b"],
+                                       memory_budget="1f1b+1", focus_km=1000),
         environment={"shaper": "delayline", "transport": "gloo-tcp", "kernel": "k", "cpus": 2,
                      "versions": {"torch": "2.13.0"}, "seconds": 1.0},
         points=points, model_only=[ModelPrediction(distance_km=5000, schedule="geopipe", bubble=0.3, step_s=2.0)])
@@ -67,14 +84,26 @@ def test_report_tables_flag_divergence_and_state_spread(experiment_dir: Path) ->
     assert row[0] == "1000" and "[0.420-0.440]" in row[headers.index("bubble 1f1b (model)")]
     assert row[headers.index("bubble geopipe (model)")].endswith("!")          # 0.05 vs 0.085: flagged
     assert any("geopipe at 1000 km" in n for n in notes)
-    assert row[headers.index("reduction geopipe vs 1f1b")] == "80.2%"          # 1 - 0.085 / 0.43
-    lines = report.headline(doc)
-    assert "over 2 repetitions" in lines[0] and "spread" in lines[0]
+    fh, fr = report.focus_rows(doc)
+    by = {r[0]: r for r in fr}
+    assert by["1f1b"][fh.index("geopipe speed-up")] == "2.10x"               # median step 2.1 s vs 1.0 s
+    assert by["1f1b-prefetch"][fh.index("geopipe speed-up")] == "1.55x"
+    assert by["1f1b"][fh.index("geopipe memory x")] == "1.50x"                # 12 MB vs 8 MB
+    assert by["torch-1f1b"][fh.index("peak in-flight")] == "not measured"
+    assert by["geopipe"][fh.index("stretch")] == "1.10 !"
+    lines = "\n".join(report.headline(doc))
+    assert "it binds: geopipe wanted 3/0 extra micro-batches per stage, held 1/0" in lines
+    assert "geopipe vs 1f1b: bubble 0.430 -> 0.085 (cut 80.2%)" in lines
+    # (0.43 - 0.31) / (0.43 - 0.085) of the cut is early posting, the rest overlap
+    assert "early accounts for 35% (1f1b-prefetch: 0.310) and overlap under the budget for 65%" in lines
+    assert "the fair figure, against 1f1b-prefetch, is 72.6%" in lines
+    assert "Least budget of the sweep under which the plan hid the link: 1f1b+3" in lines
+    assert "torch-1f1b ran without the budget" in lines
 
 
 def test_plots_and_reports_are_written(experiment_dir: Path) -> None:
     summary = report.rerender(experiment_dir)
-    assert "memory budget at 1000 km" in summary
+    assert "memory budget at 1000 km" in summary and "at 1000 km, budget 1f1b+1" in summary
     for name in ("bubble_vs_distance.png", "memory_budget.png"):
         png = experiment_dir / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 
 from workloads import schedule as S
+from workloads.memory import MemoryBudget, footprint_bytes
 from workloads.simulate import Costs, Deadlock, simulate
+from workloads.sizing import lookaheads, size_geopipe
 
 GOLDEN = Path(__file__).parent / "golden"
 GEO3 = S.GeoPipeSizing(extra_inflight=(2, 1, 0), recv_lookahead=(0, 4, 2), wanted_extra=(2, 1, 0),
@@ -51,12 +53,34 @@ def test_simulator_finds_deadlock() -> None:
         simulate(bad, _costs(0.005))
 
 
-@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("stages", [2, 3, 4, 8])
 def test_all_schedules_deadlock_free_and_inherent_bubble(stages: int) -> None:
     m = 8
-    for name in ("gpipe", "1f1b"):
-        pred = simulate(S.build(name, stages, m), _costs(0.0, stages))
-        assert pred.mean_bubble_ratio >= (stages - 1) / (m + stages - 1) - 0.02
+    for name in S.SCHEDULES:
+        sizing = _size(stages, m, [0.0] * (stages - 1)) if name == "geopipe" else None
+        pred = simulate(S.build(name, stages, m, sizing), _costs(0.0, stages))
+        assert pred.mean_bubble_ratio >= (stages - 1) / (m + stages - 1) - 0.02, name
+
+
+def _size(stages: int, m: int, delays: list[float], *, budget: list[int] | None = None,
+          fast_ratio: list[float] | None = None, compute: float = 0.03) -> S.GeoPipeSizing:
+    return size_geopipe(stages, m, link_delay_s=delays, link_bytes_per_s=[125e6] * (stages - 1),
+                        activation_bytes=131072, forward_s=[compute / 3] * stages, backward_s=[2 * compute / 3] * stages,
+                        stash_bytes=[1 << 20] * stages, budget_bytes=budget, fast_ratio=fast_ratio)
+
+
+def test_prefetch_is_1f1b_order_and_memory_with_early_receives() -> None:
+    one, pre = S.build("1f1b", 4, 8), S.build("1f1b-prefetch", 4, 8)
+    for a, b in zip(one, pre, strict=True):
+        compute = [x for x in a if x.op in (S.Op.FORWARD, S.Op.BACKWARD)]
+        assert compute == [x for x in b if x.op in (S.Op.FORWARD, S.Op.BACKWARD)]      # the same order
+    costs = Costs([0.01] * 4, [0.02] * 4, [0.005] * 3, [125e6] * 3, activation_bytes=131072, stash_bytes=1 << 20)
+    jit, early = simulate(one, costs), simulate(pre, costs)
+    assert early.iteration_s < jit.iteration_s                    # no receive posted late: no extra round trip
+    for s in range(4):                                            # stashes as 1F1B; buffers: the early receives
+        assert early.peak_inflight_bytes[s] == footprint_bytes(
+            s, 4, 8, extra=0, lookahead=S.GeoPipeSizing.prefetch(4, 8).recv_lookahead[s], stash_bytes=1 << 20,
+            activation_bytes=131072)
 
 
 def test_jit_receive_costs_a_round_trip_and_geopipe_hides_it() -> None:
@@ -64,26 +88,106 @@ def test_jit_receive_costs_a_round_trip_and_geopipe_hides_it() -> None:
     costs = _costs(d)
     base = simulate(S.build("1f1b", 2, m), _costs(0.0))
     far = simulate(S.build("1f1b", 2, m), costs)
-    geo_plan = S.size_geopipe(2, m, link_delay_s=[d], link_bytes_per_s=[125e6], activation_bytes=131072,
-                              compute_s=[0.03, 0.03], stash_bytes=[1 << 20] * 2, memory_budget=None)
-    geo = simulate(S.build("geopipe", 2, m, geo_plan), costs)
+    prefetch = simulate(S.build("1f1b-prefetch", 2, m), costs)
+    geo = simulate(S.build("geopipe", 2, m, _size(2, m, [d])), costs)
     assert far.iteration_s > base.iteration_s + (m - 2) * 2 * d * 0.8      # ~ an extra RTT per steady step
-    assert geo.mean_bubble_ratio < 0.35 * far.mean_bubble_ratio          # m=16: 0.08 vs 0.30 (fill/drain stays)
-    assert geo.peak_inflight_bytes[0] > far.peak_inflight_bytes[0]          # paid for in memory
+    assert geo.mean_bubble_ratio < 0.5 * prefetch.mean_bubble_ratio < 0.5 * far.mean_bubble_ratio
+    assert geo.peak_inflight_bytes[0] > prefetch.peak_inflight_bytes[0]     # paid for in memory
+
+
+CASES = [(3, 0), (3, 1), (4, 0), (4, 1), (4, 2), (8, 0), (8, 3), (8, 6)]
+
+
+def _golden_case(stages: int, long_link: int, m: int = 24, d: float = 0.01) -> tuple[str, dict[str, float]]:
+    """One long link (10 ms one-way) at `long_link`, the others intra-DC: the plan and each schedule's
+    simulated step, also with every link at 0 km (the floor the plan aims for)."""
+    delays = [0.0] * (stages - 1)
+    delays[long_link] = d
+    costs = _costs_split(delays)
+    plan = _size(stages, m, delays, compute=0.015)
+    near = simulate(S.build("geopipe", stages, m, _size(stages, m, [0.0] * (stages - 1), compute=0.015)),
+                    _costs_split([0.0] * (stages - 1)))
+    steps = {name: simulate(S.build(name, stages, m, plan if name == "geopipe" else None), costs).iteration_s
+             for name in ("1f1b", "1f1b-prefetch", "geopipe")}
+    steps["geopipe at 0 km"] = near.iteration_s
+    text = (f"stages {stages}, long link after stage {long_link}, m {m}\n"
+            f"extra {' '.join(map(str, plan.extra_inflight))}\nlookahead {' '.join(map(str, plan.recv_lookahead))}\n"
+            f"bound {' '.join(b.replace(' ', '-') for b in plan.bound)}\n"
+            + "".join(f"step {name.replace(' ', '-')} {value:.4f}\n" for name, value in steps.items()))
+    return text, steps
+
+
+def _costs_split(delays: list[float]) -> Costs:
+    n = len(delays) + 1
+    return Costs([0.005] * n, [0.010] * n, delays, [125e6] * (n - 1), activation_bytes=131072, stash_bytes=1 << 20)
+
+
+@pytest.mark.parametrize(("stages", "long_link"), CASES)
+def test_plan_over_the_whole_pipeline_hides_one_long_link_anywhere(stages: int, long_link: int) -> None:
+    """Golden plans (tests/golden/plan-p<stages>-l<link>.txt), and their intent: geopipe hides the long link
+    in the steady state: its step exceeds the same pipeline's at 0 km by at most what filling and draining the
+    pipeline must pay (one round trip, plus one one-way delay for the first receive's hand-shake), where
+    1f1b-prefetch pays far more."""
+    text, steps = _golden_case(stages, long_link)
+    golden = GOLDEN / f"plan-p{stages}-l{long_link}.txt"
+    assert text == golden.read_text(), f"regenerate with: python tests/test_schedule.py, then read the diff of {golden}"
+    round_trip = 2 * (0.01 + 131072 / 125e6)
+    assert steps["geopipe"] - steps["geopipe at 0 km"] <= round_trip + 0.01
+    assert steps["1f1b-prefetch"] > 1.15 * steps["geopipe"]
+    assert steps["1f1b"] > steps["1f1b-prefetch"]
+
+
+def test_several_long_links_are_all_hidden() -> None:
+    """4dc-ring with 8 stages (two per DC): three long links of different lengths. The per-stage plan of 0.2
+    deadlocked here; the whole-pipeline plan hides all three."""
+    delays = [0, 0.0025, 0, 0.006, 0, 0.004, 0]
+    plan = _size(8, 32, delays, compute=0.015)
+    far = simulate(S.build("geopipe", 8, 32, plan), _costs_split(delays))
+    near = simulate(S.build("geopipe", 8, 32, _size(8, 32, [0.0] * 7, compute=0.015)), _costs_split([0.0] * 7))
+    prefetch = simulate(S.build("1f1b-prefetch", 8, 32), _costs_split(delays))
+    fill_and_drain = 2 * (0.0025 + 0.006 + 0.004) + 6 * 131072 / 125e6      # one round trip over all three
+    assert far.iteration_s - near.iteration_s <= fill_and_drain + 0.0025 + 0.006 + 0.004
+    assert prefetch.iteration_s > far.iteration_s + 5 * fill_and_drain
+    assert all(b <= a + 1 for a, b in zip(plan.extra_inflight, plan.extra_inflight[1:], strict=False))
 
 
 def test_memory_budget_bounds_geopipe_and_says_so() -> None:
-    stash = 1 << 20
-    plan = S.size_geopipe(2, 16, link_delay_s=[0.02], link_bytes_per_s=[125e6], activation_bytes=131072,
-                          compute_s=[0.03, 0.03], stash_bytes=[stash, stash], memory_budget=3 * stash)
+    stash, act = 1 << 20, 131072
+    budget = MemoryBudget.parse("1f1b+1").per_stage(2, 16, [stash, stash], act)
+    plan = _size(2, 16, [0.02], budget=budget)
     assert plan.extra_inflight[0] == 1 and plan.bound[0] == "memory budget" and plan.wanted_extra[0] > 1
     pred = simulate(S.build("geopipe", 2, 16, plan), _costs(0.02))
-    assert pred.peak_inflight_bytes[0] <= 3 * stash + 131072
+    assert pred.peak_inflight_bytes[0] <= budget[0] and pred.peak_inflight_bytes[0] == plan.footprint_bytes[0]
+    unbounded = simulate(S.build("geopipe", 2, 16, _size(2, 16, [0.02])), _costs(0.02))
+    assert unbounded.peak_inflight_bytes[0] > budget[0]                    # the budget really binds
+    with pytest.raises(S.ScheduleError, match="below what 1F1B order"):
+        _size(2, 16, [0.02], budget=[stash, stash])
+
+
+def test_memory_budget_parses_bytes_and_relative() -> None:
+    assert MemoryBudget.parse("1f1b+2") == MemoryBudget(extra_microbatches=2)
+    assert MemoryBudget.parse("1F1B") == MemoryBudget(extra_microbatches=0)
+    assert MemoryBudget.parse("4096") == MemoryBudget(bytes=4096)
+    for bad in ("1f1b-1", "lots", "0"):
+        with pytest.raises(ValueError, match="memory budget"):
+            MemoryBudget.parse(bad)
+    relative = MemoryBudget.parse("1f1b+1").per_stage(3, 8, [100, 100, 100], 10)
+    assert relative == [(3 + 1) * (100 + 10), (2 + 1) * (100 + 10) + 4 * 10, (1 + 1) * 100 + 3 * 10]
+
+
+def test_slack_comes_from_the_measured_spread() -> None:
+    """Compute that runs 30 % faster at the fast quantile needs more micro-batches in flight to stay busy;
+    the plan says how many of them are owed to that spread, and none when there is no spread."""
+    steady = _size(2, 32, [0.01], compute=0.015)
+    spread = _size(2, 32, [0.01], compute=0.015, fast_ratio=[0.7, 0.7])
+    assert steady.slack == (0, 0)
+    assert spread.wanted_extra[0] > steady.wanted_extra[0] and spread.slack[0] == (
+        spread.wanted_extra[0] - steady.wanted_extra[0])
 
 
 def test_worker_refuses_a_schedule_the_simulator_shows_deadlocking() -> None:
-    """GeoPipe sized per stage for 8 stages across 4 DCs (what 4dc-ring gives) deadlocks today (its sizing
-    is not planned over the whole pipeline); the worker says so at once instead of hanging until time-out."""
+    """A stage holding two more extra micro-batches than the stage before it waits for an activation that
+    stage produces only after a gradient it waits for: the worker refuses such a plan at once."""
     from workloads.records import WorkerConfig
     from workloads.worker import refuse_deadlock
 
@@ -91,12 +195,15 @@ def test_worker_refuses_a_schedule_the_simulator_shows_deadlocking() -> None:
     rates = [10e9, 1e9, 10e9, 1e9, 10e9, 1e9, 10e9]
     cfg = WorkerConfig(rank=0, world=8, master_addr="x", master_port=1, schedule="geopipe", microbatches=16,
                        link_delay_s=delays, link_rate_bps=rates)
-    sizing = S.size_geopipe(8, 16, link_delay_s=delays, link_bytes_per_s=[r / 8 for r in rates],
-                            activation_bytes=32768, compute_s=[0.004] * 8, stash_bytes=[10**6] * 8, memory_budget=None)
+    extra = (0, 3, 0, 6, 0, 3, 0, 0)
+    bad = S.GeoPipeSizing(extra, tuple(lookaheads(8, 16, list(extra))), extra, ("x",) * 8)
     with pytest.raises(RuntimeError, match="would deadlock"):
-        refuse_deadlock(S.build("geopipe", 8, 16, sizing), cfg, [0.004] * 8, 32768)
-    two = S.size_geopipe(2, 16, link_delay_s=[0.005], link_bytes_per_s=[1.25e8], activation_bytes=32768,
-                         compute_s=[0.004] * 2, stash_bytes=[10**6] * 2, memory_budget=None)
-    refuse_deadlock(S.build("geopipe", 2, 16, two), WorkerConfig(
-        rank=0, world=2, master_addr="x", master_port=1, schedule="geopipe", microbatches=16, link_delay_s=[0.005],
-        link_rate_bps=[1e9]), [0.004] * 2, 32768)
+        refuse_deadlock(S.build("geopipe", 8, 16, bad), cfg, [0.004] * 8, 32768)
+    good = size_geopipe(8, 16, link_delay_s=delays, link_bytes_per_s=[r / 8 for r in rates], activation_bytes=32768,
+                        forward_s=[0.002] * 8, backward_s=[0.002] * 8, stash_bytes=[10**6] * 8)
+    refuse_deadlock(S.build("geopipe", 8, 16, good), cfg, [0.004] * 8, 32768)
+
+
+if __name__ == "__main__":                       # regenerate the golden plans (then read the diff)
+    for stages, link in CASES:
+        (GOLDEN / f"plan-p{stages}-l{link}.txt").write_text(_golden_case(stages, link)[0])

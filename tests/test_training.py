@@ -22,6 +22,8 @@ from workloads import schedule as S  # noqa: E402
 from workloads.data import batches  # noqa: E402
 from workloads.executor import StageExecutor  # noqa: E402
 from workloads.model import GPTConfig, build_reference, build_stages, loss_fn  # noqa: E402
+from workloads.memory import BudgetExceeded, footprint_bytes  # noqa: E402
+from workloads.sizing import size_geopipe  # noqa: E402
 from workloads.transport import LocalHub, LocalTransport  # noqa: E402
 
 CFG = GPTConfig(n_layer=4, n_embd=64, n_head=4, block_size=32)
@@ -52,28 +54,100 @@ def _pipeline_grads(name: str, stages: int, m: int, mbs: int, geo: S.GeoPipeSizi
     return modules, xs, ys
 
 
-@pytest.mark.parametrize("name", ["gpipe", "1f1b", "geopipe"])
+def _compare_with_reference(grads_per_stage: list[dict[str, torch.Tensor]], xs: list[torch.Tensor],
+                            ys: list[torch.Tensor], cfg: GPTConfig = CFG) -> None:
+    """Pipelined gradients, stage by stage, against the whole model's in one process on the same micro-batches."""
+    ref = build_reference(cfg)
+    (sum(loss_fn(ref(a), b) for a, b in zip(xs, ys, strict=True)) / len(xs)).backward()
+    ref_grads = dict(ref.named_parameters())
+    first = 0
+    for grads in grads_per_stage:
+        blocks = {int(n.split(".")[1]) for n in grads if n.startswith("blocks.")}
+        for pname, grad in grads.items():
+            rname = pname
+            if pname.startswith("blocks."):
+                _, idx, rest = pname.split(".", 2)
+                rname = f"blocks.{int(idx) + first}.{rest}"
+            torch.testing.assert_close(grad, ref_grads[rname].grad, rtol=1e-4, atol=1e-6)
+        first += len(blocks)
+
+
+@pytest.mark.parametrize("name", S.SCHEDULES)
 @pytest.mark.parametrize("stages", [2, 4])
 def test_pipeline_gradients_equal_single_process_reference(name: str, stages: int) -> None:
     m, mbs = 6, 2
     geo = None
     if name == "geopipe":
-        geo = S.size_geopipe(stages, m, link_delay_s=[0.005] * (stages - 1), link_bytes_per_s=[1.25e8] * (stages - 1),
-                             activation_bytes=mbs * CFG.block_size * CFG.n_embd * 4, compute_s=[0.001] * stages,
-                             stash_bytes=[1] * stages, memory_budget=None)
+        geo = size_geopipe(stages, m, link_delay_s=[0.005] * (stages - 1), link_bytes_per_s=[1.25e8] * (stages - 1),
+                           activation_bytes=mbs * CFG.block_size * CFG.n_embd * 4, forward_s=[0.0005] * stages,
+                           backward_s=[0.0005] * stages, stash_bytes=[1] * stages)
+        assert geo.extra_inflight[0] > 0                       # the schedule under test really runs ahead
     modules, xs, ys = _pipeline_grads(name, stages, m, mbs, geo)
-    ref = build_reference(CFG)
-    (sum(loss_fn(ref(a), b) for a, b in zip(xs, ys, strict=True)) / m).backward()
-    ref_grads = dict(ref.named_parameters())
-    first = 0
-    for module in modules:
-        for pname, p in module.named_parameters():
-            rname = pname
-            if pname.startswith("blocks."):
-                _, idx, rest = pname.split(".", 2)
-                rname = f"blocks.{int(idx) + first}.{rest}"
-            torch.testing.assert_close(p.grad, ref_grads[rname].grad, rtol=1e-4, atol=1e-6)
-        first += len(module.blocks)
+    _compare_with_reference([{n: p.grad for n, p in mod.named_parameters()} for mod in modules], xs, ys)
+
+
+class _Affine(torch.nn.Module):
+    """A stage of the hand-computed memory test: y = relu(x W^T + b), W 8x8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x))
+
+
+def _run_tiny(name: str, budget: int | None = None) -> list:
+    """Three _Affine stages, micro-batches of 2 x 8 floats (64 B), local transport; the per-rank traces."""
+    stages, m = 3, 4
+    torch.manual_seed(0)
+    modules = [_Affine() for _ in range(stages)]
+    xs = [torch.randn(2, 8) for _ in range(m)]
+    ys = [torch.randn(2, 8) for _ in range(m)]
+    hub, sched, traces, errors = LocalHub(stages), S.build(name, stages, m), [None] * stages, []
+
+    def run(r: int) -> None:
+        try:
+            ex = StageExecutor(modules[r], r, stages, LocalTransport(hub, r), (2, 8), m,
+                               lambda out, y: torch.nn.functional.mse_loss(out, y))
+            ex.budget_bytes = budget
+            traces[r] = ex.run(sched[r], xs if r == 0 else None, ys if r == stages - 1 else None)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+            hub.barrier_.abort()
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(stages)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20 if budget is None else 3)
+    if errors:
+        raise errors[0]
+    return traces
+
+
+def test_inflight_memory_is_exactly_what_a_stage_holds() -> None:
+    """Hand-computed. The middle stage (rank 1 of 3) keeps per micro-batch its 64 B input (saved by the linear
+    layer for W's gradient) and its 64 B output (saved by relu): 128 B; the 256 B weight and 32 B bias never
+    count. Under 1F1B it holds 2 micro-batches at its peak plus the gradient receive posted just before the
+    first backward: 2 x 128 + 64 = 320 B. Rank 0's input is the data batch (held anyway, not counted): 64 B
+    per micro-batch, 3 pending + one gradient receive = 256 B. 1f1b-prefetch: the memory model's figure."""
+    one = _run_tiny("1f1b")
+    assert one[1].stash_bytes == [128] * 4 and one[0].stash_bytes == [64] * 4
+    assert one[1].peak_inflight_bytes == 2 * 128 + 64
+    assert one[0].peak_inflight_bytes == 3 * 64 + 64
+    pre = _run_tiny("1f1b-prefetch")
+    look = S.GeoPipeSizing.prefetch(3, 4).recv_lookahead
+    for r in range(3):
+        assert pre[r].peak_inflight_bytes == footprint_bytes(r, 3, 4, extra=0, lookahead=look[r],
+                                                             stash_bytes=pre[r].stash_bytes[0], activation_bytes=64)
+
+
+def test_a_budget_the_schedule_would_exceed_stops_it_with_both_figures() -> None:
+    unbounded = max(_run_tiny("gpipe")[0].peak_inflight_bytes, 1)
+    with pytest.raises(BudgetExceeded, match=r"stage 0 holds \d+ B in flight, over its memory budget of 300 B"):
+        _run_tiny("gpipe", budget=300)
+    assert unbounded > 300                                      # without enforcement it would have gone over
 
 
 def test_loss_goes_down_over_a_short_training_run() -> None:
@@ -98,27 +172,54 @@ def test_loss_goes_down_over_a_short_training_run() -> None:
 def test_training_across_namespaces_writes_summary(backend: str, unique_name: str, tmp_path: Path) -> None:
     run_cli("up", "2dc-1000km", "--name", unique_name, "--verify", "skip", "--backend", backend, timeout=300)
     try:
-        out = run_cli("run", unique_name, "--schedule", "1f1b,geopipe", "--microbatches", "8", "--iterations", "2",
-                      "--layers", "2", "--width", "64", "--results", str(tmp_path), timeout=600)
+        out = run_cli("run", unique_name, "--schedule", "1f1b,1f1b-prefetch,geopipe", "--microbatches", "8",
+                      "--iterations", "2", "--layers", "2", "--width", "64", "--memory-budget", "1f1b+2",
+                      "--results", str(tmp_path), timeout=600)
     finally:
         run_cli("down", unique_name)
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
     assert summary["topology"] == "2dc-1000km" and summary["shaper"] in ("delayline", "netem")
     assert summary["backend"] == backend
     assert summary["transport"] == "gloo-tcp" and summary["kernel"] and summary["lossless_ok"]
-    assert [s["schedule"] for s in summary["schedules"]] == ["1f1b", "geopipe"]
+    assert [s["schedule"] for s in summary["schedules"]] == ["1f1b", "1f1b-prefetch", "geopipe"]
     for s in summary["schedules"]:
         for key in ("bubble_ratio", "bubble_ratio_per_stage", "step_time_s", "tokens_per_s", "exposed_comm_s",
-                    "peak_inflight_activation_bytes"):
+                    "peak_inflight_activation_bytes", "bubble_vs_reference", "reference_compute_s_per_stage",
+                    "span_stretch_per_stage", "budget_bytes_per_stage", "host_load"):
             assert s[key] is not None, key
         assert 0 < s["bubble_ratio"] < 1 and len(s["bubble_ratio_per_stage"]) == 2
-    one, geo = summary["schedules"]
-    assert geo["step_time_s"] < one["step_time_s"]          # 5 ms one-way: overlap must win
-    assert geo["peak_inflight_activation_bytes"] > one["peak_inflight_activation_bytes"]
+        assert s["bubble_ratio"] <= s["bubble_vs_reference"] < 1        # spans never beat the uncontended reference
+        assert s["budget_ok"] and all(p <= b for p, b in zip(s["peak_inflight_activation_bytes_per_stage"],
+                                                             s["budget_bytes_per_stage"], strict=True))
+        assert 0 <= s["host_load"]["steal_fraction"] < 1 and s["host_load"]["run_queue_max"] >= 1
+    one, pre, geo = summary["schedules"]
+    assert geo["step_time_s"] < pre["step_time_s"] < one["step_time_s"]    # 5 ms one-way: early posts, then overlap
+    assert geo["peak_inflight_activation_bytes"] > pre["peak_inflight_activation_bytes"]
+    assert geo["geopipe_sizing"]["extra_inflight"][0] >= 1
     assert summary["links"][0]["configured_delay_s"] == pytest.approx(0.005)
     trace = json.loads(next(tmp_path.glob("*/trace.json")).read_text())
     assert any(e.get("name") == "F0" for e in trace["traceEvents"])
     assert "geopipe" in out.stdout
+
+
+@pytest.mark.root
+def test_gradients_over_gloo_between_namespaces_equal_the_single_process_reference(unique_name: str,
+                                                                                   tmp_path: Path) -> None:
+    """The real transport: every schedule of ours across two namespaces joined by the shaped link; with lr 0
+    the last iteration's gradients are those of the initial weights on that iteration's batch."""
+    m, mbs, model = 4, 2, {"n_layer": 2, "n_embd": 64, "n_head": 4, "block_size": 32}
+    run_cli("run", "2dc-1000km", "--name", unique_name, "--schedule", "1f1b,1f1b-prefetch,geopipe", "--microbatches",
+            str(m), "--microbatch-size", str(mbs), "--iterations", "1", "--layers", "2", "--width", "64", "--seq-len",
+            "32", "--lr", "0", "--dump-gradients", "--results", str(tmp_path), timeout=600)
+    data = batches(m * mbs, model["block_size"], seed=1234)
+    data.next()                                                    # the warm-up iteration's batch
+    x, y = data.next()
+    cfg = GPTConfig(**model)
+    for schedule in ("1f1b", "1f1b-prefetch", "geopipe"):
+        run_dir = next(tmp_path.glob(f"*/{schedule}"))
+        grads = [torch.load(run_dir / f"grads-rank-{r}.pt") for r in range(2)]
+        _compare_with_reference(grads, list(x.chunk(m)), list(y.chunk(m)), cfg)
+    assert netns_with_prefix(f"tb-{unique_name}-") == []
 
 
 @pytest.mark.root
@@ -158,16 +259,19 @@ def test_killed_worker_fails_the_run_fast_and_cleanly(unique_name: str, tmp_path
 @pytest.mark.root
 @pytest.mark.slow
 def test_small_experiment_end_to_end(tmp_path: Path) -> None:
-    out = run_cli("experiment", "--distances", "0,500", "--focus", "500", "--repetitions", "2", "--budgets", "2",
-                  "--microbatches", "8",
+    out = run_cli("experiment", "--distances", "0,500", "--focus", "500", "--repetitions", "2", "--budgets",
+                  "1f1b+2", "--focus-schedules", "torch-1f1b", "--rates", "", "--microbatches", "8",
                   "--iterations", "1", "--results", str(tmp_path), timeout=900)
     exp = next(tmp_path.glob("*-experiment"))
     doc = json.loads((exp / "summary.json").read_text())
-    assert len(doc["points"]) == 2 * 3 + 2 + 1
+    assert len(doc["points"]) == 3 + 4 + 4 + 1        # 0 km; 500 km + torch-1f1b; a second repetition; one budget
     assert all(p["predicted_bubble"] is not None for p in doc["points"])
-    assert json.loads((exp / "model_inputs.json").read_text())["message_overhead_s"] >= 0
+    fitted = next(p for p in doc["points"] if p["schedule"] == "1f1b" and p["distance_km"] == 0)
+    assert fitted["predicted_step_s"] == pytest.approx(fitted["measured"]["step_time_s"], rel=0.02)  # the fit holds
+    assert 0 < json.loads((exp / "model_inputs.json").read_text())["message_overhead_s"] < 0.02   # not at an edge
+    assert all(p["measured"]["budget_ok"] for p in doc["points"])
     for name in ("report.md", "report.html", "bubble_vs_distance.png", "timeline_1f1b_vs_geopipe.png",
                  "memory_budget.png", "points.csv", "topology.yaml", "plan.json", "environment.json"):
         assert (exp / name).exists(), name
-    assert "bubble ratio per schedule" in out.stdout
+    assert "at 500 km, budget 1f1b+1" in out.stdout and "geopipe vs 1f1b-prefetch" in out.stdout
     assert netns_with_prefix("tb-exp") == []

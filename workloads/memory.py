@@ -27,10 +27,11 @@ def footprint_bytes(stage: int, stages: int, microbatches: int, *, extra: int, l
                     activation_bytes: int) -> int:
     """Peak in-flight bytes of a 1F1B-ordered stage with `extra` more micro-batches in flight and `lookahead`
     activation receives posted ahead, every gradient receive posted right after its forward (geopipe and
-    1f1b-prefetch). The peak is right after the forward that starts the steady state."""
+    1f1b-prefetch). The peak is right after the forward that starts the steady state: `pending` forwards
+    done, each with its stash and gradient receive, and the look-ahead refilled as far as micro-batches remain."""
     pending = min(pipeline_warmup(stage, stages) + extra + 1, microbatches)
     grad_buffers = pending if stage < stages - 1 else 0
-    act_buffers = min(lookahead, microbatches) if stage > 0 else 0
+    act_buffers = min(lookahead, microbatches - pending) if stage > 0 else 0
     return pending * stash_bytes + (grad_buffers + act_buffers) * activation_bytes
 
 

@@ -39,6 +39,9 @@ class WorkerConfig:
     cpu: int | None = None
     """Core the worker pins itself to."""
     timeout_s: float = 120.0
+    dump_gradients: bool = False
+    """Write this rank's gradients of the last iteration to OUT/grads-rank-<r>.pt (checks against a single
+    process; with lr 0 every iteration's gradients are those of the initial weights)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

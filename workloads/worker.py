@@ -120,6 +120,8 @@ def run_ours(cfg: WorkerConfig, model_cfg: Any) -> RankTrace:
         if it == 0:
             spread = _compute_spread(record)
             geo, schedule = _after_warmup(cfg, executor, record, spread, budget, schedule)
+    if cfg.dump_gradients:
+        torch.save({n: p.grad for n, p in stage.named_parameters()}, Path(cfg.out_dir, f"grads-rank-{cfg.rank}.pt"))
     reference.append(_reference(cfg, [stage], [cfg.rank], cfg.world, shape))
     return RankTrace(config=cfg, schedule=cfg.schedule, rank=cfg.rank, iterations=iterations,
                      actions=[str(a) for a in schedule[cfg.rank]], geopipe_sizing=geo,

@@ -71,6 +71,8 @@ class RunOptions:
     hang_timeout_s: float = 60.0
     lr: float = 3e-3
     seed: int = 1234
+    dump_gradients: bool = False
+    """Each rank writes its last iteration's gradients (grads-rank-<r>.pt) beside its trace."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.schedules if s not in ALL_SCHEDULES]
@@ -139,7 +141,7 @@ def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: li
                 iterations=options.iterations, model=options.model, split=options.split,
                 link_delay_s=[lk.delay_s for lk in links], link_rate_bps=[lk.rate_bps for lk in links],
                 memory_budget=options.memory_budget, lr=options.lr, seed=options.seed, out_dir=str(out_dir),
-                cpu=rank % cpus, timeout_s=max(60.0, options.hang_timeout_s))
+                cpu=rank % cpus, timeout_s=max(60.0, options.hang_timeout_s), dump_gradients=options.dump_gradients)
             path = out_dir / f"worker-{rank}.json"
             path.write_text(json.dumps(config.to_json(), indent=1))
             log = out_dir / f"worker-{rank}.log"
