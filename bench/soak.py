@@ -93,7 +93,7 @@ def main() -> int:
     parser.add_argument("--sample", type=float, default=60.0, help="seconds between samples")
     parser.add_argument("--results", default="results/soak")
     parser.add_argument("--schedules", default="1f1b,gpipe",
-                        help="trained in turn (geopipe's sizing deadlocks beyond 2-3 stages today: issue 13)")
+                        help="trained in turn")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
@@ -108,6 +108,7 @@ def main() -> int:
         assert isinstance(shaper, DelaylineShaper)
         stages = len(backend.state.plan.hosts)
         options = RunOptions(schedules=args.schedules.split(","), microbatches=16, iterations=8, hang_timeout_s=120,
+                             stages=stages, placement="fill",
                              model={"n_layer": stages, "n_embd": 64, "n_head": 2, "block_size": 32})
         started = time.monotonic()
         deadline = started + args.minutes * 60

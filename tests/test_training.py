@@ -21,8 +21,8 @@ from conftest import BACKEND_PARAMS, REPO, netns_with_prefix, run_cli  # noqa: E
 from workloads import schedule as S  # noqa: E402
 from workloads.data import batches  # noqa: E402
 from workloads.executor import StageExecutor  # noqa: E402
-from workloads.model import GPTConfig, build_reference, build_stages, loss_fn  # noqa: E402
 from workloads.memory import BudgetExceeded, footprint_bytes  # noqa: E402
+from workloads.model import GPTConfig, build_reference, build_stages, loss_fn  # noqa: E402
 from workloads.sizing import size_geopipe  # noqa: E402
 from workloads.transport import LocalHub, LocalTransport  # noqa: E402
 

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 
-
 def pipeline_warmup(stage: int, stages: int) -> int:
     """1F1B's warm-up forwards on `stage` (p-1-s): it holds one more micro-batch than that at its peak."""
     return stages - 1 - stage

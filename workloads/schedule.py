@@ -12,7 +12,6 @@ Text form: `RF3 F3 SF3 ...`, one line per rank (golden files in tests/golden/).
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum

@@ -7,7 +7,8 @@ Model (the same semantics the executor runs under gloo/TCP):
   reached the sender (t_post + d); it then occupies the link for bytes/R (messages in one direction queue
   in program order) and arrives d later. A receive posted just in time therefore costs an extra round trip.
 Predicts per-stage compute time, iteration time, bubble ratio, exposed communication and peak in-flight
-memory (stashes and posted receive buffers, as workloads.memory defines it); reports a deadlock with every blocked rank's next action.
+memory (stashes and posted receive buffers, as workloads.memory defines it); reports a deadlock with every
+blocked rank's next action.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Rendezvous over the emulated network (gloo, TCP store on rank 0), one warm-up iteration (excluded from
 metrics; for geopipe it runs 1F1B and measures the per-micro-batch compute times, their spread and the
 stash size, from which every rank derives the same GeoPipe plan; a `1f1b+N` budget becomes bytes there),
-then timed iterations. Before and after them, every rank measures its compute alone (the reference). Progress goes to stdout as JSON lines;
-the per-rank trace is written to OUT/rank-<r>.json.
+then timed iterations. Before and after them, every rank measures its compute alone (the reference).
+Progress goes to stdout as JSON lines; the per-rank trace is written to OUT/rank-<r>.json.
 """
 
 from __future__ import annotations

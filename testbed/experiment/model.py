@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from workloads import schedule as S
 from workloads.memory import MemoryBudget
 from workloads.records import RankTrace
-from workloads.sizing import size_geopipe
 from workloads.simulate import Costs, Prediction, simulate
+from workloads.sizing import size_geopipe
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,9 @@
 Bring the default topology up and verify it; sweep the cross-DC distance (the link's one-way delay at
 5 us/km, both directions) running each schedule under the headline memory budget; repeat the focus distance
 with every schedule in turn, PyTorch's strongest included, for the spread; sweep the memory budget at the
-focus distance (the HBM trade-off); a bandwidth-bound link rate; optionally the micro-batch count; tear down; write results/<id>/ with summary.json, CSV, topology, plan, environment, per-run traces,
-plots and a report, each figure next to the analytical model's prediction.
+focus distance (the HBM trade-off); a bandwidth-bound link rate; optionally the micro-batch count; tear
+down; write results/<id>/ with summary.json, CSV, topology, plan, environment, per-run traces, plots and a
+report, each figure next to the analytical model's prediction.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from testbed.topology.model import FIBRE_DELAY_S_PER_KM
 from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT, resolve_topology
 from workloads.records import RankTrace
-
 
 BUDGETED = ("1f1b", "1f1b-prefetch", "geopipe")
 """Schedules that run under the experiment's memory budget (gpipe cannot fit a 1F1B-relative one; PyTorch's

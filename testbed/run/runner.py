@@ -27,16 +27,15 @@ from testbed.check.links import check_delays, daemon_cpu
 from testbed.plan.builder import HOST_IFNAME
 from testbed.plan.model import Node, Plan
 from testbed.run import metrics
+from testbed.run.hostload import LoadMonitor
+from testbed.run.placement import PlacementError, place_stages
 from testbed.run.summary import LinkRecord, RunSummary, StageLink, StagePlacement
 from testbed.shaping.delayline_shaper import DelaylineShaper
 from testbed.shaping.registry import shaper_for
 from testbed.state.records import ProcessRecord
-from testbed.util import procs
+from testbed.util import procs, units
 from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT
-from testbed.run.hostload import LoadMonitor
-from testbed.run.placement import PlacementError, place_stages
-from testbed.util import units
 from workloads.memory import MemoryBudget
 from workloads.records import RankTrace, WorkerConfig
 from workloads.schedule import SCHEDULES
