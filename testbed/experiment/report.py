@@ -10,7 +10,7 @@ from pathlib import Path
 
 from testbed.experiment import plots
 from testbed.experiment.records import ExperimentRecord
-from testbed.run.hostload import STEAL_BOUND
+from testbed.run.hostload import FOREIGN_BOUND, STEAL_BOUND
 from testbed.run.summary import STRETCH_FLAG
 from testbed.util import table, units
 
@@ -196,7 +196,8 @@ def headline(record: ExperimentRecord) -> list[str]:
     repeated = sum(p.measured.repeated for p in record.points)
     disturbed = sum(1 for p in record.points if p.measured.host_load and p.measured.host_load.disturbed)
     lines.append(f"Host: {repeated} run(s) measured again because the host was disturbed (CPU steal > "
-                 f"{STEAL_BOUND:.0%}), {disturbed} kept disturbed.")
+                 f"{STEAL_BOUND:.0%} or other processes > {FOREIGN_BOUND:.0%} of the CPU), {disturbed} kept "
+                 "disturbed.")
     lossy = [p for p in record.points if not p.lossless_ok]
     if lossy:
         lines.append(f"NOT LOSSLESS: {len(lossy)} run(s) lost packets on a lossless link ("

@@ -1,9 +1,13 @@
 """What else the host did during a run, from /proc (cf. Mininet-HiFi's invariant monitoring): CPU steal by
-the hypervisor, the run queue, the delay daemons' CPU. A run is `disturbed` when steal took more than
-STEAL_BOUND of the CPU time: its figures measure the host, not the schedule, and the runner repeats it."""
+the hypervisor, CPU used by processes that are not the run's (busy time less the workers', the runner's and
+the delay daemons'), the run queue, the delay daemons' CPU. A run is `disturbed` when steal took more than
+STEAL_BOUND or foreign processes more than FOREIGN_BOUND of the CPU time: its figures then measure the
+host, not the schedule, and the runner repeats it."""
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -11,6 +15,8 @@ from typing import Any
 
 STEAL_BOUND = 0.05
 """Fraction of all CPU time taken by the hypervisor above which a run counts as disturbed."""
+FOREIGN_BOUND = 0.10
+"""Fraction of all CPU time used by processes other than the run's above which a run counts as disturbed."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -18,6 +24,8 @@ class HostLoad:
     wall_s: float
     steal_fraction: float
     """Of all CPU time during the run (every core), what the hypervisor took."""
+    foreign_fraction: float = 0.0
+    """Of all CPU time, what processes other than the run's used (user + system time; interrupts excluded)."""
     run_queue_mean: float
     """Runnable tasks (all threads, the run's own included), sampled every supervision tick."""
     run_queue_max: int
@@ -32,6 +40,13 @@ class HostLoad:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HostLoad:
         return cls(**data)
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and its reaped children (the workers, once waited for)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _cpu_times(stat: Path) -> list[int]:
@@ -54,6 +69,7 @@ class LoadMonitor:
         self.start_times = _cpu_times(stat)
         self.start = time.monotonic()
         self.daemons_before = daemon_cpu_s() if daemon_cpu_s else None
+        self.own_before = _own_cpu_s()
         self.queue: list[int] = []
 
     def sample(self) -> None:
@@ -65,12 +81,20 @@ class LoadMonitor:
         delta = [b - a for a, b in zip(self.start_times, end, strict=False)]
         total = sum(delta[:8]) or 1                  # user nice system idle iowait irq softirq steal
         steal = delta[7] / total if len(delta) > 7 else 0.0
-        daemons = None
+        daemons, daemon_s = None, 0.0
         if self.daemon_cpu_s and self.daemons_before is not None:
             after = self.daemon_cpu_s()
-            daemons = None if after is None else max(0.0, after - self.daemons_before) / max(wall, 1e-9)
+            daemon_s = 0.0 if after is None else max(0.0, after - self.daemons_before)
+            daemons = None if after is None else daemon_s / max(wall, 1e-9)
+        tick = os.sysconf("SC_CLK_TCK")
+        busy_s = (delta[0] + delta[1] + delta[2]) / tick               # user nice system, every core
+        own_s = _own_cpu_s() - self.own_before + daemon_s
+        foreign = max(0.0, busy_s - own_s) / (total / tick)
         reasons = [f"CPU steal {steal:.1%} > {STEAL_BOUND:.0%}"] if steal > STEAL_BOUND else []
+        if foreign > FOREIGN_BOUND:
+            reasons.append(f"other processes used {foreign:.1%} > {FOREIGN_BOUND:.0%} of the CPU")
         queue = self.queue or [_procs_running(self.stat)]
-        return HostLoad(wall_s=wall, steal_fraction=steal, run_queue_mean=sum(queue) / len(queue),
+        return HostLoad(wall_s=wall, steal_fraction=steal, foreign_fraction=foreign,
+                        run_queue_mean=sum(queue) / len(queue),
                         run_queue_max=max(queue), daemon_cpu_fraction=daemons, disturbed=bool(reasons),
                         reasons=reasons)

@@ -166,11 +166,12 @@ class RunSummary:
                          "-" if s.peak_inflight_activation_bytes is None
                          else units.format_size(s.peak_inflight_activation_bytes),
                          "-" if not s.budget_bytes_per_stage else units.format_size(max(s.budget_bytes_per_stage)),
-                         "-" if load is None else f"{load.steal_fraction:.0%}" + (" !" if load.disturbed else ""),
+                         "-" if load is None else f"{load.steal_fraction:.0%} / {load.foreign_fraction:.0%}"
+                         + (" !" if load.disturbed else ""),
                          f"{s.loss_first:.3f} -> {s.loss_last:.3f}" if s.loss_first is not None else "-"))
         placement = ", ".join(f"{p.host}" for p in self.stages)
         return table.render(["schedule", "bubble vs ref", "bubble own spans", "stretch", "step s", "tokens/s",
-                             "peak in-flight", "budget", "steal", "loss"], rows,
+                             "peak in-flight", "budget", "steal / other", "loss"], rows,
                             f"\n{self.topology}: {len(self.stages)} stages ({placement}), shaper {self.shaper}, "
                             f"{self.transport}; bubble vs ref = 1 - uncontended compute / step time; "
                             f"! = spans stretched > {STRETCH_FLAG:.2f}x or host disturbed")
