@@ -50,7 +50,7 @@ test-unit: install
 lint: install
 	$(VENV)/bin/ruff check testbed workloads tests bench
 
-# The main job: the GeoPipe experiment on the default topology (about 7 minutes on 2 cores).
+# The main job: the GeoPipe experiment on the default topology (about 8 minutes on 2 cores).
 demo: install
 	$(TESTBED) experiment $(DEMO_ARGS)
 

@@ -52,7 +52,7 @@ def bubble_vs_distance(record: ExperimentRecord, path: Path) -> Path:
             if m.schedule == schedule:
                 model[m.distance_km] = m.bubble
         kms = sorted(by_km)
-        means = [statistics.mean(by_km[k]) for k in kms]
+        means = [statistics.median(by_km[k]) for k in kms]            # medians, as the tables
         lo = [means[i] - min(by_km[k]) for i, k in enumerate(kms)]
         hi = [max(by_km[k]) - means[i] for i, k in enumerate(kms)]
         color = COLORS.get(schedule)

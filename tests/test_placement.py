@@ -1,0 +1,48 @@
+"""Stage placement and the checks `testbed run` makes before bringing anything up (no root)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_cli
+from testbed.run.placement import PlacementError, place_stages
+from testbed.run.runner import RunError, RunOptions
+from testbed.topology import load_topology
+from testbed.util.paths import shipped_topologies
+
+SIX = [("a1", "dc-a"), ("a2", "dc-a"), ("b1", "dc-b"), ("b2", "dc-b"), ("c1", "dc-c"), ("c2", "dc-c")]
+
+
+def test_spread_puts_one_stage_per_dc_by_default_and_fill_takes_hosts_in_order() -> None:
+    assert place_stages(SIX, None) == [0, 2, 4]
+    assert place_stages(SIX, 4) == [0, 1, 2, 4]                  # earlier DCs take the remainder
+    assert place_stages(SIX, 6) == list(range(6))
+    assert place_stages(SIX, 3, "fill") == [0, 1, 2]              # two DCs only: what 0.2 did
+    assert place_stages(SIX, None, "fill") == list(range(6))
+    with pytest.raises(PlacementError, match="use --stages 2..6"):
+        place_stages(SIX, 7)
+    with pytest.raises(PlacementError, match="spread or fill"):
+        place_stages(SIX, 2, "random")
+
+
+@pytest.mark.parametrize("topology", shipped_topologies(), ids=lambda p: p.stem)
+def test_default_run_options_fit_every_shipped_topology(topology) -> None:
+    """`testbed run TOPO` with default options: one stage per DC, every schedule (PyTorch's two-chunk ones too
+    when the model has the layers) fits before anything is brought up."""
+    hosts = list(load_topology(topology).hosts)
+    options = RunOptions(schedules=["1f1b", "1f1b-prefetch", "geopipe"])
+    count = len(place_stages(hosts, options.stages, options.placement))
+    assert count == len(load_topology(topology).datacenters)
+    options.check_stages(count)
+
+
+def test_options_that_cannot_fill_the_stages_fail_before_bring_up() -> None:
+    options = RunOptions(schedules=["torch-zbv"], model={"n_layer": 4})
+    options.check_stages(2)
+    with pytest.raises(RunError, match="4 layers cannot fill 6 stages .*use --layers 6 or more"):
+        options.check_stages(3)
+    with pytest.raises(RunError, match="--memory-budget: memory budget 'lots'"):
+        RunOptions(schedules=["geopipe"], memory_budget="lots")
+    assert RunOptions(schedules=["geopipe"], memory_budget="2KiB").memory_budget == "2048"
+    out = run_cli("run", "3dc-line", "--stages", "6", "--schedule", "geopipe", check=False)   # no root needed:
+    assert out.returncode == 1 and "4 layers cannot fill 6 stages" in out.stderr              # nothing came up
