@@ -167,8 +167,8 @@ def test_experiment_stopped_keeps_its_points_and_resumes_to_the_full_table(
         unique_name: str, tmp_path: Path, terminal: Callable[[list[str]], Terminal]) -> None:
     results = tmp_path / "results"
     argv = [sys.executable, "-m", "testbed", "experiment", "--distances", "0,100", "--repetitions", "1",
-            "--budgets", "", "--microbatches", "4", "--iterations", "2", "--results", str(results)]
-    term = terminal(argv)
+            "--budgets", "", "--rates", "", "--microbatches", "4", "--iterations", "2", "--results", str(results)]
+    term = terminal(argv)                   # 2 distances x 1f1b, 1f1b-prefetch, geopipe: 6 runs
     _wait_for(lambda: term.output().count("bubble ") >= 2, "two measured points", term, timeout_s=240)
     os.kill(term.pid, signal.SIGTERM)
     term.wait_exit()
