@@ -335,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", nargs="?", default=DEFAULT_TOPOLOGY, help="a running testbed's name, or a topology")
     p.add_argument("--schedule", default="1f1b,1f1b-prefetch,geopipe",
                    help="comma-separated: gpipe, 1f1b, 1f1b-prefetch, geopipe; PyTorch's own: torch-gpipe, torch-1f1b, "
-                        "torch-interleaved-1f1b, torch-zbv, torch-dualpipev")
+                        "torch-interleaved-1f1b, torch-zbv, torch-dualpipev, torch-interleaved-zb, torch-looped-bfs")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--microbatch-size", type=int, default=4)
     p.add_argument("--iterations", type=int, default=4, help="timed iterations (after one warm-up)")

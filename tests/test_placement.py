@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_cli
+
 from testbed.run.placement import PlacementError, place_stages
 from testbed.run.runner import RunError, RunOptions
 from testbed.topology import load_topology

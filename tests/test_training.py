@@ -25,6 +25,7 @@ from workloads.memory import BudgetExceeded, footprint_bytes  # noqa: E402
 from workloads.model import GPTConfig, build_reference, build_stages, loss_fn  # noqa: E402
 from workloads.sizing import size_geopipe  # noqa: E402
 from workloads.transport import LocalHub, LocalTransport  # noqa: E402
+from workloads.worker import TORCH_SCHEDULES  # noqa: E402
 
 CFG = GPTConfig(n_layer=4, n_embd=64, n_head=4, block_size=32)
 
@@ -219,6 +220,24 @@ def test_gradients_over_gloo_between_namespaces_equal_the_single_process_referen
         run_dir = next(tmp_path.glob(f"*/{schedule}"))
         grads = [torch.load(run_dir / f"grads-rank-{r}.pt") for r in range(2)]
         _compare_with_reference(grads, list(x.chunk(m)), list(y.chunk(m)), cfg)
+    assert netns_with_prefix(f"tb-{unique_name}-") == []
+
+
+@pytest.mark.root
+def test_every_pytorch_schedule_runs_across_namespaces_on_the_same_model(unique_name: str, tmp_path: Path) -> None:
+    """PyTorch's seven schedules over gloo between the two DCs: each reports a step time, a bubble against
+    its ranks' uncontended compute (two chunks per rank for the multi-stage ones), and the same first loss
+    (the same model, initialisation and batch, whichever rank holds the last chunk)."""
+    schedules = list(TORCH_SCHEDULES)
+    run_cli("run", "2dc-1000km", "--name", unique_name, "--schedule", ",".join(schedules), "--microbatches", "4",
+            "--iterations", "1", "--layers", "4", "--width", "64", "--seq-len", "32", "--results", str(tmp_path),
+            timeout=900)
+    summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
+    assert [s["schedule"] for s in summary["schedules"]] == schedules
+    firsts = [s["loss_first"] for s in summary["schedules"]]
+    assert all(f == pytest.approx(firsts[0], rel=1e-4) for f in firsts), firsts
+    for s in summary["schedules"]:
+        assert 0 < s["bubble_vs_reference"] < 1 and len(s["reference_compute_s_per_stage"]) == 2, s["schedule"]
     assert netns_with_prefix(f"tb-{unique_name}-") == []
 
 

@@ -57,6 +57,8 @@ TORCH_SCHEDULES = {
     "torch-interleaved-1f1b": ("ScheduleInterleaved1F1B", "loop"),
     "torch-zbv": ("ScheduleZBVZeroBubble", "v"),
     "torch-dualpipev": ("ScheduleDualPipeV", "v"),
+    "torch-interleaved-zb": ("ScheduleInterleavedZeroBubble", "loop"),
+    "torch-looped-bfs": ("ScheduleLoopedBFS", "loop"),
 }
 """PyTorch's own schedules: class in torch.distributed.pipelining, and how its stages sit on the ranks
 (`single`: one per rank; `loop`: two per rank, r and r + p (interleaved); `v`: two per rank, r and 2p-1-r)."""
