@@ -110,3 +110,22 @@ def test_plots_and_reports_are_written(experiment_dir: Path) -> None:
     html = (experiment_dir / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "<table>" in html
     assert "![bubble_vs_distance.png](bubble_vs_distance.png)" in (experiment_dir / "report.md").read_text()
+
+
+def test_every_schedule_is_judged_by_one_yardstick_per_layout() -> None:
+    """The compute alone varies from run to run with the host; the bubble's yardstick must not vary with the
+    schedule: the least reference per stage over the runs with the same stage layout."""
+    from testbed.run.metrics import pool_references
+
+    def summary(schedule: str, reference: list[float], step: float) -> ScheduleSummary:
+        s = _point("distance", 1000, schedule, 0.5, 0.5, step=step).measured
+        s.reference_compute_s_per_stage, s.compute_s_per_stage = reference, [0.8, 0.8]
+        return s
+
+    one, geo, zbv = summary("1f1b", [0.5, 0.6], 2.0), summary("geopipe", [0.4, 0.7], 1.0), summary("torch-zbv", [0.9, 0.9], 1.5)
+    pool_references([one, geo, zbv])
+    assert one.reference_yardstick_s_per_stage == geo.reference_yardstick_s_per_stage == [0.4, 0.6]
+    assert one.reference_pooled_runs == 2 and zbv.reference_pooled_runs == 1          # another layout: its own
+    assert one.bubble_vs_reference == pytest.approx(1 - (0.4 + 0.6) / 2 / 2.0)
+    assert geo.bubble_vs_reference == pytest.approx(1 - (0.4 + 0.6) / 2 / 1.0)
+    assert geo.span_stretch_per_stage == pytest.approx([2.0, 0.8 / 0.6])

@@ -43,8 +43,9 @@ def size_geopipe(stages: int, microbatches: int, *, link_delay_s: list[float], l
     fast_b = [b * r for b, r in zip(backward_s, ratio, strict=True)]
     cover = [sum(2 * (link_delay_s[lk] + activation_bytes / link_bytes_per_s[lk]) for lk in range(s, stages - 1))
              for s in range(stages)]
-    wanted = _fewest(stages, microbatches, link_delay_s, link_bytes_per_s, activation_bytes, fast_f, fast_b)
     at_mean = _fewest(stages, microbatches, link_delay_s, link_bytes_per_s, activation_bytes, forward_s, backward_s)
+    at_fast = _fewest(stages, microbatches, link_delay_s, link_bytes_per_s, activation_bytes, fast_f, fast_b)
+    wanted = [max(f, m) for f, m in zip(at_fast, at_mean, strict=True)]    # faster compute never needs fewer
     extra, bound = [], []
     for s in range(stages):
         k = wanted[s]

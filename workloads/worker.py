@@ -64,9 +64,14 @@ TORCH_SCHEDULES = {
 (`single`: one per rank; `loop`: two per rank, r and r + p (interleaved); `v`: two per rank, r and 2p-1-r)."""
 
 
+def stage_layout(schedule: str) -> str:
+    """How a schedule's model chunks sit on the ranks: runs with the same layout compute the same per rank."""
+    return TORCH_SCHEDULES[schedule][1] if schedule in TORCH_SCHEDULES else "single"
+
+
 def virtual_stages(schedule: str, rank: int, world: int) -> list[int]:
     """The model chunks (of `len` x world for the multi-stage schedules) that `rank` runs, in order."""
-    layout = TORCH_SCHEDULES[schedule][1] if schedule in TORCH_SCHEDULES else "single"
+    layout = stage_layout(schedule)
     if layout == "loop":
         return [rank, rank + world]
     if layout == "v":

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from testbed.experiment.model import StageTimes
+from testbed.run.metrics import pool_references
 from testbed.run.summary import ScheduleSummary
 from testbed.util.paths import DEFAULT_TOPOLOGY
 from workloads.schedule import GeoPipeSizing
+from workloads.worker import stage_layout
 
 HEADLINE_SWEEPS = ("distance", "repeat")
 
@@ -149,6 +151,21 @@ class ExperimentRecord:
     """Why it stopped early (an error, or the signal)."""
     resumed: int = 0
     """How many times `--resume` continued it."""
+
+    def pool_references(self) -> None:
+        """One yardstick per stage layout for the whole experiment (testbed.run.metrics.pool_references), and
+        the model's bubbles against the same yardstick (from its predicted step times)."""
+        pool_references([p.measured for p in self.points])
+        single = next((p.measured.reference_yardstick_s_per_stage for p in self.points
+                       if stage_layout(p.schedule) == "single" and p.measured.reference_yardstick_s_per_stage), None)
+        if not single:
+            return
+        for p in self.points:
+            if p.predicted_step_s and p.predicted_bubble is not None:
+                p.predicted_bubble = statistics.mean(1 - ref / p.predicted_step_s for ref in single)
+        self.model_only = [ModelPrediction(m.distance_km, m.schedule,
+                                           statistics.mean(1 - ref / m.step_s for ref in single), m.step_s)
+                           for m in self.model_only]
 
     def headline_points(self, schedule: str | None = None, km: float | None = None) -> list[Point]:
         """The distance sweep and its repetitions, all at the headline memory budget (optionally one schedule or

@@ -280,6 +280,7 @@ class Experiment:
         record = ExperimentRecord(id=self.id, spec=self.spec, environment=env, points=self.points,
                                   model_only=predictions, model_inputs=self.times, message_overhead_s=self.overhead_s,
                                   partial=bool(missing), missing=missing, stopped=stopped, resumed=self.resumed)
+        record.pool_references()
         record.save(self.dir)
         with open(self.dir / "points.csv", "w", newline="") as f:
             writer = csv.writer(f)

@@ -13,6 +13,7 @@ from typing import Any
 
 from testbed.run.summary import ScheduleSummary
 from workloads.records import RankTrace
+from workloads.worker import stage_layout
 
 
 def summarize(schedule: str, ranks: list[RankTrace], tokens_per_step: int) -> ScheduleSummary:
@@ -38,11 +39,9 @@ def summarize(schedule: str, ranks: list[RankTrace], tokens_per_step: int) -> Sc
     compute = ([statistics.mean(ranks[s].iterations[i].compute_s or 0.0 for i in steady) for s in range(len(ranks))]
                if has_compute else None)
     reference = [min(r.reference_compute_s) for r in ranks] if all(r.reference_compute_s for r in ranks) else None
-    vs_ref = [1 - ref / step_time for ref in reference] if reference else None
-    stretch = ([c / ref for c, ref in zip(compute, reference, strict=True)] if compute and reference else None)
     budgets = [r.budget_bytes for r in ranks]
     budget_list = [int(b) for b in budgets] if all(b is not None for b in budgets) else None
-    return ScheduleSummary(
+    summary = ScheduleSummary(
         schedule=schedule,
         bubble_ratio=statistics.mean(per_stage) if per_stage else None,
         bubble_ratio_per_stage=per_stage,
@@ -60,11 +59,36 @@ def summarize(schedule: str, ranks: list[RankTrace], tokens_per_step: int) -> Sc
         iterations=len(steady),
         geopipe_sizing=ranks[0].geopipe_sizing,
         reference_compute_s_per_stage=reference,
-        bubble_vs_reference=statistics.mean(vs_ref) if vs_ref else None,
-        bubble_vs_reference_per_stage=vs_ref,
-        span_stretch_per_stage=stretch,
         budget_bytes_per_stage=budget_list,
         budget_ok=budget_list is None or all(p <= b for p, b in zip(peaks, budget_list, strict=True)))
+    if reference:
+        rebase_reference(summary, reference, 1)
+    return summary
+
+
+def rebase_reference(summary: ScheduleSummary, yardstick: list[float], runs: int) -> None:
+    """Take `summary`'s bubble against a common yardstick (per stage seconds), the least reference of `runs`."""
+    summary.reference_yardstick_s_per_stage, summary.reference_pooled_runs = list(yardstick), runs
+    per_stage = [1 - ref / summary.step_time_s for ref in yardstick]
+    summary.bubble_vs_reference_per_stage = per_stage
+    summary.bubble_vs_reference = statistics.mean(per_stage)
+    if summary.compute_s_per_stage:
+        summary.span_stretch_per_stage = [c / ref for c, ref in zip(summary.compute_s_per_stage, yardstick,
+                                                                     strict=True)]
+
+
+def pool_references(summaries: list[ScheduleSummary]) -> None:
+    """Judge every schedule by one yardstick per stage layout: the least reference any of them measured
+    (the compute alone varies from run to run with the host; the schedules must not)."""
+    by_layout: dict[str, list[ScheduleSummary]] = {}
+    for s in summaries:
+        if s.reference_compute_s_per_stage:
+            by_layout.setdefault(stage_layout(s.schedule), []).append(s)
+    for group in by_layout.values():
+        yardstick = [min(values) for values in zip(*(s.reference_compute_s_per_stage or [] for s in group),
+                                                   strict=True)]
+        for s in group:
+            rebase_reference(s, yardstick, len(group))
 
 
 def chrome_trace(runs: dict[str, list[RankTrace]]) -> dict[str, Any]:

@@ -274,6 +274,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
                            f"budget {measured.budget_bytes_per_stage} B (the workers should have stopped it)")
         traces[schedule] = ranks
         summaries.append(measured)
+    metrics.pool_references(summaries)
     drops_after = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
     links = []
     for d in plan.directions:

@@ -43,8 +43,13 @@ class ScheduleSummary:
     reference_compute_s_per_stage: list[float] | None = None
     """Per stage (rank): its F+B of one step's micro-batches with no communication (the least measured)."""
     bubble_vs_reference: float | None = None
-    """Mean over stages of 1 - reference / step time: the bubble no stretched span can hide (the headline's)."""
+    """Mean over stages of 1 - yardstick / step time: the bubble no stretched span can hide (the headline's)."""
     bubble_vs_reference_per_stage: list[float] | None = None
+    reference_yardstick_s_per_stage: list[float] | None = None
+    """The reference `bubble_vs_reference` is taken against: the least measured for this stage layout over
+    every run of the same run or experiment (the same yardstick for every schedule compared)."""
+    reference_pooled_runs: int = 1
+    """How many runs' references the yardstick is the least of."""
     span_stretch_per_stage: list[float] | None = None
     """Per stage: own F+B spans over the reference (1.0: as fast as alone; flagged above STRETCH_FLAG)."""
     budget_bytes_per_stage: list[int] | None = None
