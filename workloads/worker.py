@@ -80,7 +80,7 @@ def virtual_stages(schedule: str, rank: int, world: int) -> list[int]:
 
 
 def chunks_per_rank(schedule: str) -> int:
-    return 1 if schedule not in TORCH_SCHEDULES or TORCH_SCHEDULES[schedule][1] == "single" else 2
+    return 1 if stage_layout(schedule) == "single" else 2
 
 
 def run_ours(cfg: WorkerConfig, model_cfg: Any) -> RankTrace:

@@ -34,6 +34,11 @@ class HostLoad:
     disturbed: bool
     reasons: list[str] = field(default_factory=list)
 
+    @property
+    def lost_fraction(self) -> float:
+        """CPU time the run did not get: steal plus other processes."""
+        return self.steal_fraction + self.foreign_fraction
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -44,7 +44,7 @@ from workloads.worker import TORCH_SCHEDULES, chunks_per_rank
 ALL_SCHEDULES = (*SCHEDULES, *TORCH_SCHEDULES)
 """Ours (schedules as data) and PyTorch's own, run on the same model and timed the same way."""
 MAX_REPEATS = 1
-"""A run on a disturbed host (hostload.STEAL_BOUND) is measured again at most this many times."""
+"""A run on a disturbed host (testbed.run.hostload) is measured again at most this many times."""
 
 
 class RunError(RuntimeError):
@@ -225,8 +225,8 @@ def _tail(path: Path, chars: int = 1500) -> str:
 def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
                   run_id: str | None = None, log: Callable[[str], None] = print) -> tuple[Path, RunSummary]:
     """Every schedule of `options` in turn on one running testbed; writes results/<run-id>/ and returns it.
-    A schedule whose run the host disturbed (CPU steal over hostload.STEAL_BOUND) runs again, at most
-    MAX_REPEATS times; the least disturbed run is kept and the summary says how many were repeated."""
+    A schedule whose run the host disturbed (testbed.run.hostload) runs again, at most MAX_REPEATS times; the
+    least disturbed run is kept at <schedule>/ (the other beside it) and the summary says how many ran again."""
     plan = backend.state.plan
     hosts = options.hosts(plan)
     options.check_stages(len(hosts))
@@ -258,17 +258,19 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         best = None
         for attempt in range(MAX_REPEATS + 1):
             monitor = LoadMonitor(_daemon_cpu_reader(shaper, plan))
-            ranks = run_schedule(backend, schedule, options, hosts, run_dir / schedule, progress, monitor)
+            where = run_dir / (schedule if attempt == 0 else f"{schedule}-repeat{attempt}")
+            ranks = run_schedule(backend, schedule, options, hosts, where, progress, monitor)
             measured = metrics.summarize(schedule, ranks, tokens)
-            measured.host_load, measured.repeated = monitor.finish(), attempt
-            if best is None or measured.host_load.steal_fraction < best[1].host_load.steal_fraction:
-                best = (ranks, measured)
+            measured.host_load = monitor.finish()
+            if best is None or measured.host_load.lost_fraction < best[1].host_load.lost_fraction:
+                best = (ranks, measured, where)
             if not measured.host_load.disturbed:
                 break
             log(f"  {schedule}: host disturbed ({'; '.join(measured.host_load.reasons)})"
                 + ("; measuring again" if attempt < MAX_REPEATS else "; kept, marked disturbed"))
-        ranks, measured = best
+        ranks, measured, kept = best
         measured.repeated = attempt
+        _keep_attempt(run_dir / schedule, kept)
         if not measured.budget_ok:
             raise RunError(f"{schedule}: in-flight peak {measured.peak_inflight_activation_bytes_per_stage} B over its "
                            f"budget {measured.budget_bytes_per_stage} B (the workers should have stopped it)")
@@ -304,6 +306,14 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
             + (f" ({summary.daemon_restarts} delay daemon restart(s))" if summary.daemon_restarts else "")
             + ": this run is not lossless (summary.json: lossless_ok false, links[].drops_during_run)")
     return run_dir, summary
+
+
+def _keep_attempt(canonical: Path, kept: Path) -> None:
+    """The kept attempt's traces at <schedule>/ (what plots and the model read), the other set aside beside it."""
+    if kept == canonical:
+        return
+    canonical.rename(canonical.with_name(canonical.name + "-set-aside"))
+    kept.rename(canonical)
 
 
 def _daemon_cpu_reader(shaper: object, plan: Plan) -> Callable[[], float | None] | None:
