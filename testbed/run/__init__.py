@@ -1,4 +1,5 @@
-"""Run: launch one pipeline worker per host namespace, supervise them, collect their rank traces into
-summary.json and a Chrome trace. May import: util .. check, and `workloads.records` (the typed worker
-configuration and rank traces that cross the process boundary).
+"""Run: place the stages on hosts (placement), launch one pipeline worker per stage host, supervise them and
+watch the host (hostload), collect their rank traces into summary.json (metrics, summary) and a Chrome trace
+(runner). May import: util .. check, and from `workloads` what describes a run without running it (records,
+memory budgets, the schedules' names and stage layouts).
 """
