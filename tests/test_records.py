@@ -82,8 +82,8 @@ def test_delay_daemon_files_round_trip() -> None:
 
 
 def test_run_summary_round_trips_and_keeps_the_old_link_keys() -> None:
-    from testbed.run.hostload import HostLoad
     from testbed.run.summary import LinkRecord, RunSummary, ScheduleSummary, StageLink, StagePlacement
+    from testbed.util.hostload import HostLoad
 
     schedule = ScheduleSummary(
         schedule="geopipe", bubble_ratio=0.1, bubble_ratio_per_stage=[0.1, 0.1], step_time_s=1.0,

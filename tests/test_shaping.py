@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import BACKEND_PARAMS, REPO, run_cli
 
-from testbed.check.links import THROUGHPUT_RUNS, check_delays, check_drops, check_throughput
+from testbed.check.links import DISTURBED_RUNS, THROUGHPUT_RUNS, check_delays, check_drops, check_throughput
 from testbed.deploy import lifecycle
 from testbed.shaping.htb import change_rate, read_class_rate
 from testbed.shaping.registry import shaper_for
@@ -69,7 +69,9 @@ def test_delay_rate_and_zero_loss_per_direction(shaped) -> None:
     rtt = delays[rtt_subject]
     assert rtt.ok and abs(_delay_ms(rtt) - 6.0) < 0.25
     shaper = shaper_for(shaped)
-    for check in check_throughput(shaped, shaper, seconds=2.0):
+    for check in check_throughput(shaped, shaper):
+        if not check.ok and f"{DISTURBED_RUNS} run(s) on a disturbed host" in check.measured:
+            pytest.skip(f"the host kept this link from being judged: {check.measured}")   # every extra run stolen
         assert check.ok, check
     assert all(c.ok for c in check_drops(shaper))
     with shaped.netlink("dc-a-rtr") as ipr:
@@ -82,9 +84,10 @@ def test_link_below_its_rate_fails_every_throughput_run(shaped) -> None:
     """The re-measures that forgive a host stall do not forgive a link 5 % short of its configured rate."""
     with shaped.netlink("dc-a-rtr") as ipr:
         change_rate(ipr, "otn0", 190e6)
-    checks = _by_subject(check_throughput(shaped, shaper_for(shaped), seconds=2.0))
+    checks = _by_subject(check_throughput(shaped, shaper_for(shaped)))
     short = checks["dc-a--dc-b dc-a -> dc-b"]
-    assert not short.ok and f"best of {THROUGHPUT_RUNS}" in short.measured, short
+    runs = int(short.measured.split("best of ")[1].split(" ")[0])
+    assert not short.ok and THROUGHPUT_RUNS <= runs <= THROUGHPUT_RUNS + DISTURBED_RUNS, short
     assert float(short.measured.split("(")[1].split("%")[0]) < 92.0, short
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from testbed.backends import nsfs
@@ -11,10 +12,11 @@ from testbed.check.checks import Check
 from testbed.plan.builder import ETH_OVERHEAD
 from testbed.plan.model import LinkDirection
 from testbed.probe.latency import LatencySample, one_way, round_trip
-from testbed.probe.throughput import tcp_throughput
+from testbed.probe.throughput import ThroughputResult, tcp_throughput
 from testbed.shaping.delayline_shaper import DelaylineShaper
 from testbed.shaping.registry import Shaper
 from testbed.util import units
+from testbed.util.hostload import LoadMonitor
 
 MIN_GOODPUT_FRACTION = 0.96
 """Of the expected goodput (`expected_goodput_bps`). A link shaped 5 % slow carries at most 0.95 of it, so it
@@ -25,6 +27,9 @@ TCP_TIMESTAMP_BYTES = 12
 THROUGHPUT_RUNS = 3
 """At most this many iperf3 runs per direction; the first that reaches MIN_GOODPUT_FRACTION ends them: a
 host stall on a shared machine can dent a run, and a link that cannot carry its rate fails every run."""
+DISTURBED_RUNS = 3
+"""Beyond THROUGHPUT_RUNS, at most this many more runs replace runs the host disturbed (testbed.util.hostload:
+CPU steal or other processes): those measure the host, not the link, and the check says how many there were."""
 
 
 def delay_tolerance(expected_s: float, floor_s: float, spread_s: float = 0.0) -> float:
@@ -86,17 +91,24 @@ def check_throughput(backend: Backend, shaper: Shaper | None, seconds: float = 3
         expected = expected_goodput_bps(d, _tcp_timestamps(backend.netns_path(d.src_node)))
         cpu_before = daemon_cpu(shaper, d.dst_node)
         src_cpu_before = daemon_cpu(shaper, d.src_node)
-        result = tcp_throughput(backend, d.src_node, d.dst_node, addr, seconds=seconds)
+        daemons = _daemons_cpu(shaper, (d.src_node, d.dst_node))
+        result, disturbed = _measured(backend, d, addr, seconds, daemons)
         cpu = _cpu_share(shaper, d.dst_node, cpu_before, result.seconds + 1.0)
         src_cpu = _cpu_share(shaper, d.src_node, src_cpu_before, result.seconds + 1.0)
         fraction = result.bits_per_s / expected
-        first, runs = fraction, 1
-        while fraction < MIN_GOODPUT_FRACTION and runs < THROUGHPUT_RUNS:
-            again = tcp_throughput(backend, d.src_node, d.dst_node, addr, seconds=seconds)
+        first, runs, set_aside = fraction, 1, []
+        while fraction < MIN_GOODPUT_FRACTION:
+            if disturbed and len(set_aside) < DISTURBED_RUNS:
+                set_aside.append(disturbed)             # the host took it: that run does not count
+            if runs >= THROUGHPUT_RUNS + len(set_aside):
+                break
+            again, disturbed = _measured(backend, d, addr, seconds, daemons)
             runs += 1
             if again.bits_per_s > result.bits_per_s:
                 result, fraction = again, again.bits_per_s / expected
         retry = f", best of {runs} (first {first:.1%} of expected)" if runs > 1 else ""
+        if set_aside:
+            retry += f", {len(set_aside)} run(s) on a disturbed host not counted ({set_aside[0]})"
         ok = MIN_GOODPUT_FRACTION <= fraction <= MAX_GOODPUT_FRACTION
         cpu_text = "" if cpu is None else f", delay daemons {cpu:.0%} + {src_cpu:.0%} of a core"
         checks.append(Check("throughput", f"{d.link} {d.label}",
@@ -105,6 +117,26 @@ def check_throughput(backend: Backend, shaper: Shaper | None, seconds: float = 3
                             f"{units.format_rate(result.bits_per_s)} ({result.bits_per_s / d.rate_bps:.1%} of the rate, "
                             f"{fraction:.1%} of expected), {result.retransmits} retransmits{cpu_text}{retry}", ok))
     return checks
+
+
+def _measured(backend: Backend, d: LinkDirection, addr: str, seconds: float,
+              daemons: Callable[[], float | None] | None) -> tuple[ThroughputResult, str]:
+    """One iperf3 run and what disturbed the host meanwhile ('' when nothing did)."""
+    monitor = LoadMonitor(daemons)
+    result = tcp_throughput(backend, d.src_node, d.dst_node, addr, seconds=seconds)
+    load = monitor.finish()
+    return result, "; ".join(load.reasons) if load.disturbed else ""
+
+
+def _daemons_cpu(shaper: Shaper | None, nodes: tuple[str, ...]) -> Callable[[], float | None] | None:
+    """CPU seconds of the delay daemons on `nodes`, read on demand (None without a delay line)."""
+    if not isinstance(shaper, DelaylineShaper):
+        return None
+
+    def total() -> float | None:
+        values = [v for v in (daemon_cpu(shaper, n) for n in nodes) if v is not None]
+        return sum(values) if values else None
+    return total
 
 
 def daemon_cpu(shaper: Shaper | None, node: str) -> float | None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from testbed.experiment import plots
 from testbed.experiment.records import ExperimentRecord
-from testbed.run.hostload import FOREIGN_BOUND, STEAL_BOUND
 from testbed.run.summary import STRETCH_FLAG
 from testbed.util import table, units
+from testbed.util.hostload import FOREIGN_BOUND, STEAL_BOUND
 
 MODEL_DIVERGENCE = 0.20
 

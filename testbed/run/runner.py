@@ -27,13 +27,13 @@ from testbed.check.links import check_delays, daemon_cpu
 from testbed.plan.builder import HOST_IFNAME
 from testbed.plan.model import Node, Plan
 from testbed.run import metrics
-from testbed.run.hostload import LoadMonitor
 from testbed.run.placement import PlacementError, place_stages
 from testbed.run.summary import LinkRecord, RunSummary, StageLink, StagePlacement
 from testbed.shaping.delayline_shaper import DelaylineShaper
 from testbed.shaping.registry import shaper_for
 from testbed.state.records import ProcessRecord
 from testbed.util import procs, units
+from testbed.util.hostload import LoadMonitor
 from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT
 from workloads.memory import MemoryBudget
@@ -44,7 +44,7 @@ from workloads.worker import TORCH_SCHEDULES, chunks_per_rank
 ALL_SCHEDULES = (*SCHEDULES, *TORCH_SCHEDULES)
 """Ours (schedules as data) and PyTorch's own, run on the same model and timed the same way."""
 MAX_REPEATS = 1
-"""A run on a disturbed host (testbed.run.hostload) is measured again at most this many times."""
+"""A run on a disturbed host (testbed.util.hostload) is measured again at most this many times."""
 
 
 class RunError(RuntimeError):
@@ -225,7 +225,7 @@ def _tail(path: Path, chars: int = 1500) -> str:
 def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
                   run_id: str | None = None, log: Callable[[str], None] = print) -> tuple[Path, RunSummary]:
     """Every schedule of `options` in turn on one running testbed; writes results/<run-id>/ and returns it.
-    A schedule whose run the host disturbed (testbed.run.hostload) runs again, at most MAX_REPEATS times; the
+    A schedule whose run the host disturbed (testbed.util.hostload) runs again, at most MAX_REPEATS times; the
     least disturbed run is kept at <schedule>/ (the other beside it) and the summary says how many ran again."""
     plan = backend.state.plan
     hosts = options.hosts(plan)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from testbed.run.hostload import HostLoad
 from testbed.util import table, units
+from testbed.util.hostload import HostLoad
 from workloads.schedule import GeoPipeSizing
 
 STRETCH_FLAG = 1.05
