@@ -4,7 +4,8 @@ At 1000 km (5 ms one way, 1 Gbit/s), repetitions interleaving the schedules: our
 Schedule1F1B (same order and receive timing: step times within 10 %), 1f1b-prefetch (1F1B with early
 receives: the strong baseline) and geopipe under a memory budget (default 1f1b+1); then the link at 0 km for
 the floor of the prefetch baseline and of geopipe. Prints medians [min-max], step-time speed-ups, bubble
-against the uncontended reference, memory, and the checks. Usage:
+against one yardstick (the least uncontended reference of all its runs), memory, and the checks; whether
+geopipe hides the link is checked only where the budget let the plan have what it wanted. Usage:
     .venv/bin/python bench/pipeline.py [--microbatches 64] [--memory-budget 1f1b+1] [--repetitions 2]
 """
 
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from testbed.cli import main as cli  # noqa: E402
 from testbed.deploy import lifecycle  # noqa: E402
+from testbed.run.metrics import pool_references  # noqa: E402
 from testbed.run.runner import RunOptions, run_schedules  # noqa: E402
 from testbed.run.summary import ScheduleSummary  # noqa: E402
 from testbed.util import table, units  # noqa: E402
@@ -55,6 +57,7 @@ def main() -> int:
                     runs.setdefault((where, schedule), []).append(summary.schedules[0])
     finally:
         lifecycle.down(name)
+    pool_references([s for summaries in runs.values() for s in summaries])     # one yardstick for the bench
 
     def med(key: tuple[str, str], field: str) -> float:
         return statistics.median(getattr(s, field) for s in runs[key])
@@ -67,7 +70,7 @@ def main() -> int:
 
     rows = [(f"{schedule} @{where}", cell((where, schedule), "bubble_vs_reference"),
              cell((where, schedule), "bubble_ratio"), cell((where, schedule), "step_time_s"),
-             units.format_size(max(s.peak_inflight_activation_bytes or 0 for s in runs[(where, schedule)])) or "-")
+             _peak(runs[(where, schedule)]))
             for where, schedules in (("1000 km", FAR), ("0 km", NEAR)) for schedule in schedules]
     print(table.render(["run", "bubble vs ref", "bubble own spans", "step s", "peak in-flight"], rows,
                        f"\n2dc-1000km, {args.microbatches} micro-batches, budget {args.memory_budget}, "
@@ -89,12 +92,22 @@ def main() -> int:
         (f"our 1f1b step vs torch Schedule1F1B: {step_gap:+.1%} (within 10 %)", abs(step_gap) <= 0.10),
         (f"geopipe faster than the strong baseline: step {far['geopipe']:.3f} s vs 1f1b-prefetch "
          f"{far['1f1b-prefetch']:.3f} s", far["geopipe"] < far["1f1b-prefetch"]),
-        (f"geopipe @1000 km over geopipe @0 km: +{hidden * 1e3:.0f} ms per step (the link is hidden when this is "
-         f"about one round trip, {round_trip * 1e3:.0f} ms, the fill/drain cost)", hidden <= 3 * round_trip),
     ]
+    text = (f"geopipe @1000 km over geopipe @0 km: +{hidden * 1e3:.0f} ms per step (the link is hidden when this is "
+            f"about one round trip, {round_trip * 1e3:.0f} ms, the fill/drain cost)")
+    if sizing and "memory budget" in sizing.bound:
+        print(f"info  {text}; not claimed: the budget binds (wanted {sizing.wanted_extra[0]}, held "
+              f"{sizing.extra_inflight[0]} extra micro-batches on stage 0)")
+    else:
+        checks.append((text, hidden <= 3 * round_trip))
     for text, ok in checks:
         print(f"{'pass' if ok else 'FAIL'}  {text}")
     return 0 if all(ok for _, ok in checks) else 1
+
+
+def _peak(summaries: list[ScheduleSummary]) -> str:
+    peaks = [s.peak_inflight_activation_bytes for s in summaries if s.peak_inflight_activation_bytes]
+    return units.format_size(max(peaks)) if peaks else "not measured"
 
 
 if __name__ == "__main__":
