@@ -91,7 +91,7 @@ def check_throughput(backend: Backend, shaper: Shaper | None, seconds: float = 3
         expected = expected_goodput_bps(d, _tcp_timestamps(backend.netns_path(d.src_node)))
         cpu_before = daemon_cpu(shaper, d.dst_node)
         src_cpu_before = daemon_cpu(shaper, d.src_node)
-        daemons = _daemons_cpu(shaper, (d.src_node, d.dst_node))
+        daemons = daemons_cpu(shaper, (d.src_node, d.dst_node))
         result, disturbed = _measured(backend, d, addr, seconds, daemons)
         cpu = _cpu_share(shaper, d.dst_node, cpu_before, result.seconds + 1.0)
         src_cpu = _cpu_share(shaper, d.src_node, src_cpu_before, result.seconds + 1.0)
@@ -128,7 +128,7 @@ def _measured(backend: Backend, d: LinkDirection, addr: str, seconds: float,
     return result, "; ".join(load.reasons) if load.disturbed else ""
 
 
-def _daemons_cpu(shaper: Shaper | None, nodes: tuple[str, ...]) -> Callable[[], float | None] | None:
+def daemons_cpu(shaper: Shaper | None, nodes: tuple[str, ...]) -> Callable[[], float | None] | None:
     """CPU seconds of the delay daemons on `nodes`, read on demand (None without a delay line)."""
     if not isinstance(shaper, DelaylineShaper):
         return None

@@ -23,7 +23,7 @@ from typing import Any
 
 from testbed.backends import nsfs
 from testbed.backends.base import Backend
-from testbed.check.links import check_delays, daemon_cpu
+from testbed.check.links import check_delays, daemons_cpu
 from testbed.plan.builder import HOST_IFNAME
 from testbed.plan.model import Node, Plan
 from testbed.run import metrics
@@ -257,7 +257,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
 
         best = None
         for attempt in range(MAX_REPEATS + 1):
-            monitor = LoadMonitor(_daemon_cpu_reader(shaper, plan))
+            monitor = LoadMonitor(daemons_cpu(shaper, tuple(sorted({d.dst_node for d in plan.directions}))))
             where = run_dir / (schedule if attempt == 0 else f"{schedule}-repeat{attempt}")
             ranks = run_schedule(backend, schedule, options, hosts, where, progress, monitor)
             measured = metrics.summarize(schedule, ranks, tokens)
@@ -314,19 +314,6 @@ def _keep_attempt(canonical: Path, kept: Path) -> None:
         return
     canonical.rename(canonical.with_name(canonical.name + "-set-aside"))
     kept.rename(canonical)
-
-
-def _daemon_cpu_reader(shaper: object, plan: Plan) -> Callable[[], float | None] | None:
-    """Total CPU seconds of the testbed's delay daemons, read on demand (None without a delay line)."""
-    if not isinstance(shaper, DelaylineShaper):
-        return None
-    nodes = sorted({d.dst_node for d in plan.directions})
-
-    def total() -> float | None:
-        values = [daemon_cpu(shaper, n) for n in nodes]
-        known = [v for v in values if v is not None]
-        return sum(known) if known else None
-    return total
 
 
 def _restarts(shaper: object) -> int:
