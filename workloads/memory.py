@@ -22,6 +22,12 @@ def pipeline_warmup(stage: int, stages: int) -> int:
     return stages - 1 - stage
 
 
+def activation_lookahead(stage: int, stages: int, microbatches: int, extra_before: int) -> int:
+    """Activation receives `stage` posts ahead: all that the stage before it (holding `extra_before` extra
+    micro-batches) can send before it needs a gradient back, so no send waits for a late post."""
+    return min(microbatches, pipeline_warmup(stage, stages) + extra_before + 2) if stage > 0 else 0
+
+
 def footprint_bytes(stage: int, stages: int, microbatches: int, *, extra: int, lookahead: int, stash_bytes: int,
                     activation_bytes: int) -> int:
     """Peak in-flight bytes of a 1F1B-ordered stage with `extra` more micro-batches in flight and `lookahead`
@@ -72,7 +78,7 @@ class MemoryBudget:
         if self.bytes is not None:
             return [self.bytes] * stages
         n = self.extra_microbatches or 0
-        return [footprint_bytes(s, stages, microbatches, extra=n, lookahead=pipeline_warmup(s, stages) + n + 2,
+        return [footprint_bytes(s, stages, microbatches, extra=n, lookahead=activation_lookahead(s, stages, microbatches, n),
                                 stash_bytes=stash_bytes[s], activation_bytes=activation_bytes) for s in range(stages)]
 
 

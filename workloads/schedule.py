@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from workloads.memory import pipeline_warmup
+from workloads.memory import activation_lookahead, pipeline_warmup
 
 
 class Op(StrEnum):
@@ -115,7 +115,7 @@ class GeoPipeSizing:
     @classmethod
     def prefetch(cls, stages: int, microbatches: int) -> GeoPipeSizing:
         """No extra micro-batches: 1F1B's order and stashes, every receive posted as early as geopipe posts it."""
-        look = tuple(min(microbatches, pipeline_warmup(s, stages) + 2) if s > 0 else 0 for s in range(stages))
+        look = tuple(activation_lookahead(s, stages, microbatches, 0) for s in range(stages))
         return cls((0,) * stages, look, (0,) * stages, ("prefetch",) * stages)
 
 

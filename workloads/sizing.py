@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from workloads.memory import footprint_bytes, pipeline_warmup
+from workloads.memory import activation_lookahead, footprint_bytes, pipeline_warmup
 from workloads.schedule import GeoPipeSizing, ScheduleError, geopipe
 from workloads.simulate import Costs, Deadlock, simulate
 
@@ -28,9 +28,8 @@ SAME_STEP = 0.005
 
 
 def lookaheads(stages: int, microbatches: int, extra: list[int]) -> list[int]:
-    """Activation receives stage s posts ahead: everything the stage before it can send before it needs a
-    gradient back (its warm-up + 1), so no send ever waits for a late post."""
-    return [min(microbatches, pipeline_warmup(s, stages) + extra[s - 1] + 2) if s > 0 else 0 for s in range(stages)]
+    """Activation receives each stage posts ahead (workloads.memory.activation_lookahead)."""
+    return [activation_lookahead(s, stages, microbatches, extra[s - 1] if s > 0 else 0) for s in range(stages)]
 
 
 def size_geopipe(stages: int, microbatches: int, *, link_delay_s: list[float], link_bytes_per_s: list[float],

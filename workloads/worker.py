@@ -225,7 +225,7 @@ def run_torch_reference(cfg: WorkerConfig, model_cfg: Any) -> RankTrace:
 
     total = cfg.world * chunks_per_rank(cfg.schedule)
     indices = virtual_stages(cfg.schedule, cfg.rank, cfg.world)
-    modules = build_stages(model_cfg, total, _scaled_split(cfg.split, chunks_per_rank(cfg.schedule)))
+    modules = build_stages(model_cfg, total, cfg.split if total == cfg.world else None)   # chunks: balanced
     chunks = [modules[i] for i in indices]
     optimizer = torch.optim.AdamW([p for c in chunks for p in c.parameters()], lr=cfg.lr)
     stages = [PipelineStage(c, i, total, torch.device("cpu")) for c, i in zip(chunks, indices, strict=True)]
@@ -254,16 +254,6 @@ def run_torch_reference(cfg: WorkerConfig, model_cfg: Any) -> RankTrace:
     reference.append(_reference(cfg, chunks, indices, total, shape))
     return RankTrace(config=cfg, schedule=cfg.schedule, rank=cfg.rank, iterations=iterations,
                      transport=transport.name, reference_compute_s=reference)
-
-
-def _scaled_split(split: list[int] | None, chunks: int) -> list[int] | None:
-    """A per-rank layer split for one chunk per rank, as chunks (the first chunk takes the odd layer)."""
-    if split is None or chunks == 1:
-        return split
-    out = []
-    for _ in range(chunks):
-        out += [n // chunks for n in split]
-    return out if sum(out) == sum(split) else None
 
 
 def _thin(points: list[tuple[float, int]], keep: int = 400) -> list[tuple[float, int]]:

@@ -62,8 +62,6 @@ class ExperimentSpec:
         values = {k: v for k, v in data.items() if k in known}
         if isinstance(values.get("memory_budget"), int):
             values["memory_budget"] = str(values["memory_budget"])
-        if "memory_budget" in data and data["memory_budget"] is None:
-            values["memory_budget"] = None
         return cls(**values)
 
 

@@ -91,7 +91,7 @@ class RunOptions:
         layers = int(self.model.get("n_layer", 4))
         for name in self.schedules:
             chunks = count * chunks_per_rank(name)
-            if layers < chunks and self.split is None:
+            if layers < chunks and (self.split is None or chunks > count):    # two-chunk schedules split evenly
                 raise RunError(f"{layers} layers cannot fill {chunks} stages ({name} on {count} hosts"
                                + (f", {chunks_per_rank(name)} chunks each" if chunks > count else "")
                                + f"): use --layers {chunks} or more, or fewer --stages")
