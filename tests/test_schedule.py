@@ -164,6 +164,19 @@ def test_memory_budget_bounds_geopipe_and_says_so() -> None:
         _size(2, 16, [0.02], budget=[stash, stash])
 
 
+@pytest.mark.parametrize("stages", [3, 4])
+def test_memory_budget_bounds_every_stage_of_a_longer_pipeline(stages: int) -> None:
+    """Each stage's look-ahead under a budget follows from the stage before it (a 3-stage plan with a budget once
+    read the extra count of a stage not planned yet and crashed)."""
+    stash, act = 1 << 20, 131072
+    budget = MemoryBudget.parse("1f1b+1").per_stage(stages, 16, [stash] * stages, act)
+    plan = _size(stages, 16, [0.02] * (stages - 1), budget=budget)
+    assert all(f <= b for f, b in zip(plan.footprint_bytes, budget, strict=True))
+    assert "memory budget" in plan.bound
+    pred = simulate(S.build("geopipe", stages, 16, plan), _costs(0.02, stages))
+    assert all(p <= b for p, b in zip(pred.peak_inflight_bytes, budget, strict=True))
+
+
 def test_memory_budget_parses_bytes_and_relative() -> None:
     assert MemoryBudget.parse("1f1b+2") == MemoryBudget(extra_microbatches=2)
     assert MemoryBudget.parse("1F1B") == MemoryBudget(extra_microbatches=0)

@@ -55,7 +55,7 @@ def size_geopipe(stages: int, microbatches: int, *, link_delay_s: list[float], l
         if s > 0 and k > extra[s - 1] + 1:
             k, reason = extra[s - 1] + 1, "next stage"
         if budget_bytes is not None:
-            ahead = lookaheads(stages, microbatches, [*extra, k])[s]
+            ahead = activation_lookahead(s, stages, microbatches, extra[s - 1] if s > 0 else 0)
 
             def footprint(e: int, s: int = s, ahead: int = ahead) -> int:
                 return footprint_bytes(s, stages, microbatches, extra=e, lookahead=ahead, stash_bytes=stash_bytes[s],
