@@ -1,6 +1,6 @@
 """testbed: emulate datacenters and the OTN links between them, and measure pipeline training across them.
 
-Commands: doctor, plan, up, down, status, exec, verify, link, run, experiment, report, cli, vm
+Commands: doctor, plan, up, down, status, exec, verify, link, run, experiment, remote, report, cli, vm
 (`testbed COMMAND --help` for each).
 """
 # This module only parses arguments and calls into the layers; the modules that own the data render it.
@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from testbed.backends.base import BackendError
 from testbed.backends.mininet_net import SWITCH_KINDS
@@ -28,6 +29,9 @@ from testbed.topology import TopologyError, load_topology
 from testbed.util import units
 from testbed.util.interrupts import Interrupted, unwinding
 from testbed.util.paths import DEFAULT_TOPOLOGY, resolve_topology
+
+if TYPE_CHECKING:
+    from testbed.run.runner import RunOptions
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -161,15 +165,10 @@ def cmd_vm(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.run.placement import PlacementError, place_stages
-    from testbed.run.runner import RunError, RunOptions, run_schedules
+    from testbed.run.runner import RunError, run_schedules
 
     try:
-        options = RunOptions(
-            schedules=[s.strip() for s in args.schedule.split(",")], microbatches=args.microbatches,
-            microbatch_size=args.microbatch_size, iterations=args.iterations,
-            model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
-            memory_budget=args.memory_budget, stages=args.stages, placement=args.placement,
-            hang_timeout_s=args.hang_timeout, lr=args.lr, seed=args.seed, dump_gradients=args.dump_gradients)
+        options = _run_options(args)
         hosts = lifecycle.hosts_of(args.target)
         options.check_stages(len(place_stages(hosts, options.stages, options.placement)))
         with lifecycle.testbed_for(args.target, name=args.name, backend=args.backend, shaper=args.shaper,
@@ -267,6 +266,96 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if report.decision.backend != "none" else 1
 
 
+REMOTE_ACTIONS = {
+    "preflight": "SSH, root, kernel, Python/torch, clock offset; then provision and the doctor (shaper, rxe)",
+    "up": "preflight, provision, shape every machine's NIC, verify",
+    "verify": "the per-direction checks between the machines (round trip, goodput)",
+    "run": "train across the machines (shaping must be up), collect into results/<run-id>/",
+    "down": "teardown: stop this testbed's workers, remove its shaping and run folders on every machine",
+    "cycle": "preflight -> provision -> shape -> verify -> run -> collect -> teardown",
+}
+
+
+def cmd_remote(args: argparse.Namespace) -> int:
+    from playbooks.cycle import Cycle, CycleError, full_cycle
+    from testbed.remote.hostshape import plan_shapes
+    from testbed.remote.inventory import load_inventory
+    from testbed.remote.ssh import RemoteError
+    from testbed.run.runner import RunError
+
+    inventory = load_inventory(args.inventory)
+    name = args.name or Path(args.inventory).stem
+    try:
+        if args.action == "cycle":
+            run_dir, summary, cycle = full_cycle(inventory, _run_options(args), testbed=name,
+                                                 results_root=Path(args.results), verify_required=args.verify == "required")
+            print(summary.render())
+            print("\ncycle: " + ", ".join(f"{k} {v:.1f} s" for k, v in cycle.step_s.items()))
+            print(f"results: {run_dir}")
+            return 0
+        cycle = Cycle(inventory, name, Path(args.results))
+        try:
+            cycle.preflight()
+            cycle.provision()
+            if args.action == "up":
+                cycle.shape()
+            if args.action in ("up", "verify"):
+                failed = [c for c in cycle.verify() if not c.ok]
+                if failed:
+                    print(f"testbed: {len(failed)} check(s) failed", file=sys.stderr)
+                    return 1
+            if args.action == "run":
+                cycle.shapes = plan_shapes(inventory, name)
+                cycle._each("run", lambda m: f"shaped ({cycle._agent(m, 'counters', name, m.name, root=True)})")
+                run_dir, summary = cycle.run(_run_options(args))
+                print(summary.render())
+                print(f"\nresults: {run_dir}")
+            if args.action == "down":
+                failures = cycle.teardown()
+                return 1 if failures else 0
+        finally:
+            cycle.close()
+    except (CycleError, RemoteError, RunError) as exc:
+        raise BackendError(str(exc)) from None
+    return 0
+
+
+def _add_training_args(p: argparse.ArgumentParser) -> None:
+    """What to train and how: shared by `run` and `remote run`/`remote cycle`."""
+    p.add_argument("--schedule", default="1f1b,1f1b-prefetch,geopipe",
+                   help="comma-separated: gpipe, 1f1b, 1f1b-prefetch, geopipe; PyTorch's own: torch-gpipe, torch-1f1b, "
+                        "torch-interleaved-1f1b, torch-zbv, torch-dualpipev, torch-interleaved-zb, torch-looped-bfs")
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--microbatch-size", type=int, default=4)
+    p.add_argument("--iterations", type=int, default=4, help="timed iterations (after one warm-up)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--memory-budget", help="in-flight memory per stage, enforced: bytes (64MiB) or 1f1b+N "
+                                           "(what 1F1B holds with early receives, plus N micro-batches)")
+    p.add_argument("--stages", type=int, help="pipeline stages (default: one per DC with --placement spread, every "
+                                              "host with fill)")
+    p.add_argument("--placement", default="spread", choices=["spread", "fill"],
+                   help="spread: stages spread evenly over the DCs (default); fill: the first N hosts in DC order")
+    p.add_argument("--hang-timeout", type=float, default=60.0, help="fail when no worker reports for this long")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (0: the weights never change)")
+    p.add_argument("--seed", type=int, default=1234, help="model initialisation and data order")
+    p.add_argument("--dump-gradients", action="store_true",
+                   help="each rank writes its last iteration's gradients (grads-rank-<r>.pt beside its trace)")
+
+
+def _run_options(args: argparse.Namespace) -> RunOptions:
+    from testbed.run.runner import RunOptions
+
+    return RunOptions(
+        schedules=[s.strip() for s in args.schedule.split(",")], microbatches=args.microbatches,
+        microbatch_size=args.microbatch_size, iterations=args.iterations,
+        model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
+        memory_budget=args.memory_budget, stages=args.stages, placement=args.placement,
+        hang_timeout_s=args.hang_timeout, lr=args.lr, seed=args.seed, dump_gradients=args.dump_gradients)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="testbed", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -333,33 +422,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="train the pipeline workload across a testbed's hosts (or a topology's)")
     p.add_argument("target", nargs="?", default=DEFAULT_TOPOLOGY, help="a running testbed's name, or a topology")
-    p.add_argument("--schedule", default="1f1b,1f1b-prefetch,geopipe",
-                   help="comma-separated: gpipe, 1f1b, 1f1b-prefetch, geopipe; PyTorch's own: torch-gpipe, torch-1f1b, "
-                        "torch-interleaved-1f1b, torch-zbv, torch-dualpipev, torch-interleaved-zb, torch-looped-bfs")
-    p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--microbatch-size", type=int, default=4)
-    p.add_argument("--iterations", type=int, default=4, help="timed iterations (after one warm-up)")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--memory-budget", help="in-flight memory per stage, enforced: bytes (64MiB) or 1f1b+N "
-                                           "(what 1F1B holds with early receives, plus N micro-batches)")
-    p.add_argument("--stages", type=int, help="pipeline stages (default: one per DC with --placement spread, every "
-                                              "host with fill)")
-    p.add_argument("--placement", default="spread", choices=["spread", "fill"],
-                   help="spread: stages spread evenly over the DCs (default); fill: the first N hosts in DC order")
-    p.add_argument("--hang-timeout", type=float, default=60.0, help="fail when no worker reports for this long")
-    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (0: the weights never change)")
-    p.add_argument("--seed", type=int, default=1234, help="model initialisation and data order")
-    p.add_argument("--dump-gradients", action="store_true",
-                   help="each rank writes its last iteration's gradients (grads-rank-<r>.pt beside its trace)")
+    _add_training_args(p)
     p.add_argument("--results", default="results")
     p.add_argument("--name", help="name for a testbed brought up for this run")
     p.add_argument("--shaper", default="auto", choices=SHAPER_CHOICES)
     p.add_argument("--backend", default="netns", choices=sorted(BACKENDS), help="for a testbed brought up here")
     p.add_argument("--switch", default="auto", choices=SWITCH_KINDS, help="mininet: DC switch")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("remote", help="the same experiment on real machines over SSH (an inventory file)",
+                       description="\n".join(f"{k}: {v}" for k, v in REMOTE_ACTIONS.items()),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=list(REMOTE_ACTIONS))
+    p.add_argument("inventory", help="inventory YAML (see playbooks/README.md)")
+    p.add_argument("--name", help="testbed name on the machines (default: the inventory file's stem)")
+    p.add_argument("--results", default="results")
+    p.add_argument("--verify", default="required", choices=["required", "warn"],
+                   help="cycle: stop when verify fails (required) or run anyway and record it (warn)")
+    _add_training_args(p)
+    p.set_defaults(func=cmd_remote)
 
     p = sub.add_parser("experiment", help="the GeoPipe experiment: distance sweep, repetitions, budget sweep, report")
     p.add_argument("--topology", default=DEFAULT_TOPOLOGY)
@@ -426,7 +507,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(args.func(args))
     except TopologyError as exc:
         n = len(exc.problems)
-        print(f"testbed: invalid topology {exc.source} ({n} problem{'s' if n != 1 else ''})", file=sys.stderr)
+        what = "inventory" if type(exc).__name__ == "InventoryError" else "topology"
+        print(f"testbed: invalid {what} {exc.source} ({n} problem{'s' if n != 1 else ''})", file=sys.stderr)
         for problem in exc.problems:
             print(f"  {problem.render(exc.source)}", file=sys.stderr)
         return 2

@@ -21,6 +21,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs root for network namespaces"))
         if "mininet" in item.keywords and (not IS_ROOT or shutil.which("mnexec") is None):
             item.add_marker(pytest.mark.skip(reason="Debian's mininet package is not installed"))
+        if "multihost" in item.keywords and (not IS_ROOT or not os.path.exists("/usr/sbin/sshd")):
+            item.add_marker(pytest.mark.skip(reason="needs root and Debian's openssh-server (make install adds it)"))
 
 
 @pytest.fixture(autouse=True)

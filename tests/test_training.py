@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import BACKEND_PARAMS, REPO, netns_with_prefix, run_cli  # noqa: E402
+from contract import check_summary  # noqa: E402
 
 from workloads import schedule as S  # noqa: E402
 from workloads.data import batches  # noqa: E402
@@ -179,20 +180,8 @@ def test_training_across_namespaces_writes_summary(backend: str, unique_name: st
     finally:
         run_cli("down", unique_name)
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
-    assert summary["topology"] == "2dc-1000km" and summary["shaper"] in ("delayline", "netem")
-    assert summary["backend"] == backend
-    assert summary["transport"] == "gloo-tcp" and summary["kernel"] and summary["lossless_ok"]
-    assert [s["schedule"] for s in summary["schedules"]] == ["1f1b", "1f1b-prefetch", "geopipe"]
-    for s in summary["schedules"]:
-        for key in ("bubble_ratio", "bubble_ratio_per_stage", "step_time_s", "tokens_per_s", "exposed_comm_s",
-                    "peak_inflight_activation_bytes", "bubble_vs_reference", "reference_compute_s_per_stage",
-                    "span_stretch_per_stage", "budget_bytes_per_stage", "host_load"):
-            assert s[key] is not None, key
-        assert 0 < s["bubble_ratio"] < 1 and len(s["bubble_ratio_per_stage"]) == 2
-        assert s["bubble_ratio"] <= s["bubble_vs_reference"] < 1        # spans never beat the uncontended reference
-        assert s["budget_ok"] and all(p <= b for p, b in zip(s["peak_inflight_activation_bytes_per_stage"],
-                                                             s["budget_bytes_per_stage"], strict=True))
-        assert 0 <= s["host_load"]["steal_fraction"] < 1 and s["host_load"]["run_queue_max"] >= 1
+    check_summary(summary, ["1f1b", "1f1b-prefetch", "geopipe"], stages=2)
+    assert summary["topology"] == "2dc-1000km" and summary["backend"] == backend
     one, pre, geo = summary["schedules"]
     # 5 ms one-way: posting early beats just-in-time receives. Geopipe vs 1f1b-prefetch needs more than these 8
     # micro-batches of ~2 ms to show above the noise: bench-pipeline and the demo measure it at 64.

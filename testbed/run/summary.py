@@ -171,7 +171,8 @@ class RunSummary:
                          "-" if s.peak_inflight_activation_bytes is None
                          else units.format_size(s.peak_inflight_activation_bytes),
                          "-" if not s.budget_bytes_per_stage else units.format_size(max(s.budget_bytes_per_stage)),
-                         "-" if load is None else f"{load.steal_fraction:.0%} / {load.foreign_fraction:.0%}"
+                         "-" if load is None else f"{load.steal_fraction:.0%} / "
+                         + (f"{load.foreign_fraction:.0%}" if load.foreign_measured else "n/m")
                          + (" !" if load.disturbed else ""),
                          f"{s.loss_first:.3f} -> {s.loss_last:.3f}" if s.loss_first is not None else "-"))
         placement = ", ".join(f"{p.host}" for p in self.stages)

@@ -33,6 +33,9 @@ class HostLoad:
     """Delay daemons' CPU over the run, in cores (None without a delay line)."""
     disturbed: bool
     reasons: list[str] = field(default_factory=list)
+    foreign_measured: bool = True
+    """False where other processes cannot be told from the run's (workers on remote machines): then
+    foreign_fraction is 0 by construction, not by measurement, and tables say so."""
 
     @property
     def lost_fraction(self) -> float:

@@ -1,0 +1,295 @@
+"""Shaping on one real machine: its NIC's egress towards every other DC, and (delay line) its ingress from them.
+
+Planned on the controller (`plan_shapes`, pure: inventory + topology -> one `HostShape` per machine), applied
+on the machine itself by the agent (`apply`, `remove`). Each ordered DC pair gets the delay and bottleneck rate
+of the topology's shortest-delay path between them (a multi-hop path is one emulated hop here: per-machine
+shaping cannot share a middle link's rate between pairs, unlike the one-box emulation's routers).
+
+- Rate: HTB on the NIC, one class per destination DC (u32 filters on the destination data addresses), leaf
+  pfifo sized for zero loss; traffic to anything else (SSH, intra-DC peers) is not classified and not shaped.
+- Delay: netem as the class's leaf where the kernel has it; otherwise the project's delay line: an NFQUEUE
+  rule per source DC in raw PREROUTING (`-s` each of its data addresses) and one supervised daemon.
+Everything added carries the testbed's name (rule comments, state file), so `remove` deletes exactly that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed.plan.builder import build_plan, delay_queue_packets
+from testbed.plan.model import Plan
+from testbed.remote.inventory import Inventory
+
+STATE_DIR = Path("/run/testbed-remote")
+ROOT_HANDLE = 0x10000
+FIRST_CLASS = 0x10
+BURST_BYTES = 15_000
+QUANTUM_BYTES = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class PeerDirection:
+    """Traffic between this machine and one other DC, in one direction."""
+
+    dc: str
+    """The other DC."""
+    addresses: tuple[str, ...]
+    """Its machines' data addresses."""
+    delay_s: float
+    rate_bps: float
+    queue_packets: int
+    """Rate queue (egress) or delay-line queue (ingress)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostShape:
+    """What one machine installs: `egress` towards each other DC (rate, and delay under netem), `ingress` from each
+    other DC (the delay line's holds, used when the machine has no netem)."""
+
+    testbed: str
+    host: str
+    nic: str
+    egress: tuple[PeerDirection, ...]
+    ingress: tuple[PeerDirection, ...]
+    subtract_s: dict[str, float] = field(default_factory=dict)
+    """Per source DC: the real network's own one-way latency, measured unshaped, taken off the hold."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> HostShape:
+        peers = lambda items: tuple(PeerDirection(**{**p, "addresses": tuple(p["addresses"])}) for p in items)
+        return cls(testbed=data["testbed"], host=data["host"], nic=data["nic"], egress=peers(data["egress"]),
+                   ingress=peers(data["ingress"]), subtract_s=dict(data.get("subtract_s", {})))
+
+
+def path_of(plan: Plan, src_dc: str, dst_dc: str) -> tuple[float, float, int]:
+    """Delay, bottleneck rate and zero-loss rate queue of the planned path src_dc -> dst_dc."""
+    path = plan.paths[src_dc][dst_dc]
+    delay, rate, queue = 0.0, float("inf"), 0
+    for here, nxt in zip(path, path[1:], strict=False):
+        hop = plan.direction(here, nxt)
+        delay += hop.delay_s
+        rate = min(rate, hop.rate_bps)
+        queue = max(queue, hop.rate_queue_packets)
+    return delay, rate, queue
+
+
+def plan_shapes(inventory: Inventory, testbed: str) -> dict[str, HostShape]:
+    """One HostShape per machine of the inventory."""
+    plan = build_plan(inventory.topology, testbed)
+    by_dc: dict[str, list[str]] = {}
+    for m in inventory.machines:
+        by_dc.setdefault(m.dc, []).append(m.data_address)
+    mtu = plan.directions[0].mtu
+    shapes = {}
+    for m in inventory.machines:
+        egress, ingress = [], []
+        for dc, addresses in sorted(by_dc.items()):
+            if dc == m.dc:
+                continue
+            out_delay, out_rate, out_queue = path_of(plan, m.dc, dc)
+            in_delay, in_rate, _ = path_of(plan, dc, m.dc)
+            egress.append(PeerDirection(dc, tuple(addresses), out_delay, out_rate, out_queue))
+            ingress.append(PeerDirection(dc, tuple(addresses), in_delay, in_rate,
+                                         delay_queue_packets(in_rate, in_delay, 0.0, mtu)))
+        shapes[m.name] = HostShape(testbed, m.name, m.nic, tuple(egress), tuple(ingress))
+    return shapes
+
+
+# -- on the machine (the agent) ----------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Installed:
+    """What `apply` installed on this machine: read back by `remove` (and by `status`)."""
+
+    testbed: str
+    host: str
+    nic: str
+    mode: str
+    """`netem` or `delayline`."""
+    classes: int
+    spec: str = ""
+    """The HostShape file it was installed from."""
+    rules: list[list[str]] = field(default_factory=list)
+    """iptables arguments (table, chain, match...) of every rule added, to delete them one by one."""
+    daemon_pid: int | None = None
+    files: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def path(testbed: str, host: str) -> Path:
+        return STATE_DIR / testbed / f"{host}.json"
+
+    def save(self) -> None:
+        path = self.path(self.testbed, self.host)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, testbed: str, host: str) -> Installed | None:
+        path = cls.path(testbed, host)
+        return cls(**json.loads(path.read_text())) if path.exists() else None
+
+
+def rule_comment(testbed: str) -> str:
+    return f"tb-remote:{testbed}"
+
+
+def apply(shape: HostShape, mode: str) -> Installed:
+    """Install `shape` on this machine's NIC (replacing what this testbed installed before)."""
+    from pyroute2 import IPRoute
+
+    remove(shape.testbed, shape.host)
+    installed = Installed(shape.testbed, shape.host, shape.nic, mode, classes=len(shape.egress))
+    spec = Installed.path(shape.testbed, shape.host).with_suffix(".spec.json")
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(json.dumps(shape.to_json()))
+    installed.spec = str(spec)
+    installed.save()                               # before anything: a crash halfway is still removable
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=shape.nic)
+        if not found:
+            raise RuntimeError(f"{shape.host}: no interface {shape.nic!r} (inventory key nic)")
+        index = found[0]
+        ipr.tc("add", "htb", index=index, handle=ROOT_HANDLE, default=0, r2q=1000)
+        for i, peer in enumerate(shape.egress):
+            classid = ROOT_HANDLE | (FIRST_CLASS + i)
+            rate = f"{int(peer.rate_bps)}bit"
+            ipr.tc("add-class", "htb", index=index, handle=classid, parent=ROOT_HANDLE, rate=rate, ceil=rate,
+                   burst=BURST_BYTES, cburst=BURST_BYTES, quantum=QUANTUM_BYTES)
+            leaf = (FIRST_CLASS + i) << 16
+            if mode == "netem":
+                ipr.tc("add", "netem", index=index, handle=leaf, parent=classid, limit=peer.queue_packets,
+                       delay=int(max(0.0, peer.delay_s - shape.subtract_s.get(peer.dc, 0.0)) * 1e6))
+            else:
+                ipr.tc("add", "pfifo", index=index, handle=leaf, parent=classid, limit=peer.queue_packets)
+            for address in peer.addresses:
+                ipr.tc("add-filter", "u32", index=index, parent=ROOT_HANDLE, prio=10, protocol=0x0800,
+                       target=classid, keys=[f"0x{_hex(address)}/0xffffffff+16"])
+    if mode == "delayline":
+        _start_delay_line(shape, installed)
+    installed.save()
+    return installed
+
+
+def _start_delay_line(shape: HostShape, installed: Installed) -> None:
+    from testbed.shaping.delayline import DaemonConfig, QueueConfig
+
+    folder = Installed.path(shape.testbed, shape.host).parent
+    config, stats, status, log = (folder / f"{shape.host}.delayline.{x}" for x in ("json", "stats", "status", "log"))
+    queues = [QueueConfig(queue=i + 1, ifname=shape.nic,
+                          delay_s=max(0.0, peer.delay_s - shape.subtract_s.get(peer.dc, 0.0)),
+                          maxlen=peer.queue_packets)
+              for i, peer in enumerate(shape.ingress)]
+    config.write_text(json.dumps(DaemonConfig(0, queues).to_json()))
+    installed.files = [str(p) for p in (config, stats, status, log)]
+    with open(log, "ab") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", "testbed.shaping.supervisor", str(config), str(stats), str(status)],
+                                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    installed.daemon_pid = proc.pid
+    installed.save()
+    deadline = time.monotonic() + 30
+    while not stats.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{shape.host}: the delay daemon did not start: {log.read_text()[-600:]}")
+        time.sleep(0.02)
+    for i, peer in enumerate(shape.ingress):
+        for address in peer.addresses:
+            rule = ["-t", "raw", "PREROUTING", "-i", shape.nic, "-s", f"{address}/32", "-m", "comment",
+                    "--comment", rule_comment(shape.testbed), "-j", "NFQUEUE", "--queue-num", str(i + 1)]
+            _iptables(["-t", "raw", "-A", *rule[2:]])
+            installed.rules.append(rule)
+            installed.save()
+
+
+def remove(testbed: str, host: str) -> list[str]:
+    """Remove what `apply` installed for this testbed on this machine; returns what was removed."""
+    from pyroute2 import IPRoute
+
+    installed = Installed.load(testbed, host)
+    if installed is None:
+        return []
+    removed = []
+    for rule in installed.rules:
+        if _iptables(["-t", rule[1], "-D", *rule[2:]], check=False) == 0:
+            removed.append(f"iptables rule {' '.join(rule[2:])}")
+    if installed.daemon_pid and _is_ours(installed.daemon_pid, installed.files[0] if installed.files else ""):
+        os.kill(installed.daemon_pid, signal.SIGTERM)
+        _wait_gone(installed.daemon_pid)
+        removed.append(f"delay daemon {installed.daemon_pid}")
+    with IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=installed.nic)
+        if found and any(q["handle"] == ROOT_HANDLE and q.get_attr("TCA_KIND") == "htb"
+                         for q in ipr.get_qdiscs(index=found[0])):
+            ipr.tc("del", index=found[0], handle=ROOT_HANDLE, root=True)
+            removed.append(f"htb on {installed.nic}")
+    for name in [*installed.files, installed.spec]:
+        if name:
+            Path(name).unlink(missing_ok=True)
+    Installed.path(testbed, host).unlink(missing_ok=True)
+    return removed
+
+
+def counters(testbed: str, host: str) -> dict[str, Any]:
+    """Drops so far: per destination DC on its egress class's leaf, per source DC in the delay line (sequence
+    gaps: packets the kernel dropped before the daemon saw them). -1: the leaf is gone."""
+    from pyroute2 import IPRoute
+
+    from testbed.shaping import htb
+
+    installed = Installed.load(testbed, host)
+    if installed is None:
+        raise RuntimeError(f"testbed {testbed} is not shaped on {host}")
+    shape = HostShape.from_json(json.loads(Path(installed.spec).read_text()))
+    with IPRoute() as ipr:
+        drops = {q.handle: q.drops for q in htb.read_qdiscs(ipr, installed.nic)}
+    egress = {peer.dc: drops.get((FIRST_CLASS + i) << 16, -1) for i, peer in enumerate(shape.egress)}
+    ingress: dict[str, int] = {}
+    if installed.mode == "delayline" and installed.files:
+        stats_file = Path(installed.files[1])
+        queues = json.loads(stats_file.read_text()).get("queues", {}) if stats_file.exists() else {}
+        for i, peer in enumerate(shape.ingress):
+            ingress[peer.dc] = int(queues.get(str(i + 1), {}).get("id_gaps", 0))
+    return {"egress": egress, "ingress": ingress}
+
+
+def _is_ours(pid: int, config: str) -> bool:
+    """The pid still runs the supervisor with our config (not a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"testbed.shaping.supervisor" in cmdline and config.encode() in cmdline
+
+
+def _wait_gone(pid: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+
+
+def _iptables(args: list[str], check: bool = True) -> int:
+    result = subprocess.run(["iptables", "-w", *args], capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"iptables {' '.join(args)}: {result.stderr.strip()}")
+    return result.returncode
+
+
+def _hex(address: str) -> str:
+    return "".join(f"{int(x):02x}" for x in address.split("."))

@@ -1,0 +1,171 @@
+"""The SSH-driven cycle for real: three "machines" (namespaces with their own sshd and host key) joined by a
+management and a data network, driven over SSH by the playbooks exactly as real hosts would be."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from contract import check_summary
+from sshlab import DATA_NIC, SshLab
+
+pytest.importorskip("torch")
+
+from playbooks.cycle import Cycle, CycleError, full_cycle  # noqa: E402
+from testbed.remote.hostshape import STATE_DIR  # noqa: E402
+from testbed.remote.inventory import load_inventory  # noqa: E402
+from testbed.run.runner import RunOptions  # noqa: E402
+
+pytestmark = [pytest.mark.multihost, pytest.mark.root]
+TOPOLOGY = Path(__file__).parent / "fixtures" / "multihost" / "3dc-lab.yaml"
+PYTHON = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "python")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshLab]:
+    lab = SshLab(tmp_path_factory.mktemp("sshlab"), f"tbl{os.getpid() % 10000}", 3)
+    try:
+        yield lab.open()
+    finally:
+        lab.close()
+
+
+def _inventory(lab: SshLab, **host_overrides: dict) -> Path:
+    hosts = {f"dc-{c}-h1": {"address": h.mgmt, "data_address": h.data, "workdir": str(lab.root / h.name / "work")}
+             for c, h in zip("abc", lab.hosts, strict=True)}
+    for name, extra in host_overrides.items():
+        hosts[name].update(extra)
+    python = PYTHON if Path(PYTHON).exists() else "/usr/bin/python3"
+    path = lab.root / "inventory.yaml"
+    path.write_text(yaml.safe_dump({"topology": str(TOPOLOGY), "known_hosts": str(lab.known_hosts),
+                                    "defaults": {"user": "root", "key": str(lab.client_key), "nic": DATA_NIC,
+                                                 "python": python},
+                                    "hosts": hosts}))
+    return path
+
+
+def _nothing_left(lab: SshLab, testbed: str) -> None:
+    """Only the lab's own sshd listeners run in the machines; no qdisc, rule, state file or run folder remains."""
+    deadline = time.monotonic() + 5
+    while True:
+        others = [p for p in lab.processes() if b"[listener]" not in _cmdline(p)]
+        if not others or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not others, [_cmdline(p) for p in others]
+    for h in lab.hosts:
+        qdiscs = subprocess.run(["ip", "netns", "exec", h.netns, "tc", "qdisc", "show", "dev", DATA_NIC],
+                                capture_output=True, text=True).stdout
+        assert "htb" not in qdiscs, (h.name, qdiscs)
+        rules = subprocess.run(["ip", "netns", "exec", h.netns, "iptables", "-w", "-t", "raw", "-S"],
+                               capture_output=True, text=True).stdout
+        assert "tb-remote" not in rules, (h.name, rules)
+        assert not (lab.root / h.name / "work" / "runs").exists()
+    assert not list((STATE_DIR / testbed).glob("*")) if (STATE_DIR / testbed).exists() else True
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
+@pytest.mark.slow
+def test_full_cycle_over_ssh_meets_the_single_machine_contract(lab: SshLab, tmp_path: Path) -> None:
+    inventory = load_inventory(_inventory(lab))
+    options = RunOptions(schedules=["1f1b", "geopipe"], microbatches=8, iterations=2, memory_budget="1f1b+2",
+                         model={"n_layer": 3, "n_embd": 64, "n_head": 4, "block_size": 64})
+    lines: list[str] = []
+    run_dir, summary, cycle = full_cycle(inventory, options, testbed="mh", results_root=tmp_path, log=lines.append)
+    data = json.loads((run_dir / "summary.json").read_text())
+    check_summary(data, ["1f1b", "geopipe"], stages=3)
+    assert data["backend"] == "remote-ssh" and data["shaper"] == "delayline"
+    assert [s["host"] for s in data["stages"]] == ["dc-a-h1", "dc-b-h1", "dc-c-h1"]
+    assert [round(lk["delay_s"], 4) for lk in data["stage_links"]] == [0.004, 0.003]
+    assert data["oversubscribed"]                          # three "machines" share this box's kernel and cores
+    one, geo = data["schedules"]
+    assert geo["step_time_s"] < one["step_time_s"]          # 4 + 3 ms links: geopipe hides what 1f1b waits for
+    assert geo["geopipe_sizing"]["extra_inflight"][0] >= 1
+    assert all(c["ok"] for c in json.loads((run_dir / "verify.json").read_text()))
+    hosts = {p.stem: json.loads(p.read_text()) for p in (run_dir / "hosts").glob("*.json")}
+    assert set(hosts) == {"dc-a-h1", "dc-b-h1", "dc-c-h1"}
+    for facts in hosts.values():
+        assert facts["env"]["package"].startswith(str(lab.root))     # the provisioned copy ran, not this checkout
+        assert abs(facts["clock_offset_s"]) < 0.01 and facts["torch"]
+    trace = json.loads((run_dir / "trace.json").read_text())
+    assert any(e.get("name") == "F0" for e in trace["traceEvents"])
+    assert set(cycle.step_s) >= {"preflight", "provision", "shape", "verify", "run", "teardown"}
+    assert not any(str(lab.client_key.read_text()).strip() in line for line in lines)
+    _nothing_left(lab, "mh")
+    # provisioning is idempotent: the same tree is found, not copied again
+    again = Cycle(inventory, "mh", tmp_path, log=lines.append)
+    try:
+        again.preflight()
+        again.provision()
+    finally:
+        again.close()
+    assert sum("present" in line for line in lines[-3:]) == 3
+
+
+def test_unreachable_machine_fails_fast_names_it_and_touches_nothing(lab: SshLab, tmp_path: Path) -> None:
+    down = lab.hosts[2]
+    lab.stop_sshd(down)
+    try:
+        inventory = load_inventory(_inventory(lab))
+        start = time.monotonic()
+        with pytest.raises(CycleError) as err:
+            full_cycle(inventory, RunOptions(schedules=["1f1b"]), testbed="mh-down", results_root=tmp_path,
+                       log=lambda _: None)
+        assert time.monotonic() - start < 30
+    finally:
+        down.sshd = lab.start_sshd(down)
+    message = str(err.value)
+    assert "dc-c-h1: unreachable" in message and "connection refused" in message and "dc-a-h1" not in message
+    _nothing_left(lab, "mh-down")
+    assert not any((lab.root / h.name / "work").exists() and any((lab.root / h.name / "work").glob("*mh-down*"))
+                   for h in lab.hosts)
+
+
+def test_wrong_host_key_is_refused_and_unknown_key_needs_consent(lab: SshLab, tmp_path: Path) -> None:
+    good = lab.known_hosts.read_text()
+    a, b, c = lab.hosts
+    try:
+        lab.known_hosts.write_text(good.replace(b.host_key_pub, c.host_key_pub))    # b presents another key
+        inventory = load_inventory(_inventory(lab))
+        with pytest.raises(CycleError) as err:
+            full_cycle(inventory, RunOptions(schedules=["1f1b"]), testbed="mh-key", results_root=tmp_path,
+                       log=lambda _: None)
+        assert "dc-b-h1: the host key of" in str(err.value) and "differs" in str(err.value)
+        _nothing_left(lab, "mh-key")
+        lab.known_hosts.write_text("".join(line + "\n" for line in good.splitlines() if not line.startswith(b.mgmt + " ")))
+        cycle = Cycle(load_inventory(_inventory(lab)), "mh-key", tmp_path, log=lambda _: None)
+        with pytest.raises(CycleError, match="dc-b-h1: .* is not in .*accept_new_host_key"):
+            cycle.preflight()
+        cycle.close()
+        cycle = Cycle(load_inventory(_inventory(lab, **{"dc-b-h1": {"accept_new_host_key": True}})), "mh-key", tmp_path,
+                      log=lambda _: None)
+        cycle.preflight()                                   # trusted on first contact, and remembered
+        cycle.close()
+        assert b.host_key_pub.split()[1] in lab.known_hosts.read_text()
+    finally:
+        lab.known_hosts.write_text(good)
+
+
+def test_commands_are_argument_lists_quoted_not_interpolated(lab: SshLab, tmp_path: Path) -> None:
+    """A workdir with spaces and shell characters stays one argument on the far side."""
+    odd = str(lab.root / "h1" / "odd dir; touch INJECTED")
+    inventory = load_inventory(_inventory(lab, **{"dc-a-h1": {"workdir": odd}}))
+    cycle = Cycle(inventory, "mh-quote", tmp_path, log=lambda _: None)
+    try:
+        cycle.preflight()
+        cycle.provision()
+    finally:
+        cycle.close()
+    assert Path(odd).is_dir() and not Path("INJECTED").exists() and not (lab.root / "h1" / "INJECTED").exists()
