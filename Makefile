@@ -10,11 +10,23 @@ TESTBED := $(VENV)/bin/testbed
 TOPO ?= 2dc-1000km
 NAME ?=
 BACKEND ?= netns
-APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openvswitch-switch net-tools python3-venv tmux \
-	python3-dev qemu-system-x86 linux-image-amd64 busybox-static
+# Package names differ by distribution only in the stock kernel's image (tested: Debian 12 here; Debian 13 and
+# Ubuntu 22.04/24.04 by the CI workflow in .github/workflows/test.yml). Ubuntu 22.04's python3 is 3.10: 3.11 is
+# taken from its python3.11 packages.
+OS_ID := $(shell . /etc/os-release 2>/dev/null && echo $$ID)
+OS_VERSION := $(shell . /etc/os-release 2>/dev/null && echo $$VERSION_ID)
+KERNEL_IMAGE := $(if $(filter ubuntu,$(OS_ID)),linux-image-generic,linux-image-amd64)
+ifeq ($(OS_ID)-$(OS_VERSION),ubuntu-22.04)
+PYTHON_SYS := /usr/bin/python3.11
+PYTHON_PKGS := python3.11 python3.11-venv python3.11-dev
+else
+PYTHON_PKGS := python3-venv python3-dev
+endif
+APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openvswitch-switch net-tools tmux \
+	$(PYTHON_PKGS) qemu-system-x86 $(KERNEL_IMAGE) busybox-static openssh-server git
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install apt test test-host test-unit vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak cli clean
+.PHONY: demo install apt test test-host test-unit multihost vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak cli clean
 
 install: $(STAMP)
 
@@ -23,7 +35,13 @@ apt:
 	if [ -n "$$missing" ]; then \
 	  echo "apt: installing $$missing"; \
 	  if [ "$$(id -u)" != 0 ]; then echo "apt packages missing ($$missing): run 'sudo make install'" >&2; exit 1; fi; \
+	  fresh_sshd=$$(echo "$$missing" | grep -qx openssh-server && echo y); guard=; \
+	  if [ -n "$$fresh_sshd" ] && [ ! -e /usr/sbin/policy-rc.d ]; then guard=/usr/sbin/policy-rc.d; \
+	    printf '#!/bin/sh\nexit 101\n' > $$guard && chmod +x $$guard; fi; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	  status=$$?; [ -z "$$guard" ] || rm -f $$guard; \
+	  if [ -n "$$fresh_sshd" ] && [ -d /run/systemd/system ]; then systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true; fi; \
+	  exit $$status; \
 	fi
 
 $(STAMP): pyproject.toml | apt
@@ -43,6 +61,12 @@ test-host: install
 # Tests marked `vm`, inside Debian's stock kernel (netem, rdma_rxe) under QEMU, via virtme-ng.
 vm-test: install
 	$(TESTBED) vm --out results/vm -- $(PY) -m pytest -p no:cacheprovider -m vm tests/test_vm.py
+
+# The same experiment on real machines over SSH: preflight -> provision -> shape -> verify -> run -> collect ->
+# teardown (playbooks/README.md). INVENTORY names the machines; ARGS passes run options (e.g. --schedule 1f1b,geopipe).
+multihost: install
+	@test -n "$(INVENTORY)" || { echo "usage: make multihost INVENTORY=path/to/inventory.yaml [ARGS='--schedule 1f1b,geopipe']" >&2; exit 2; }
+	$(TESTBED) remote cycle $(INVENTORY) $(ARGS)
 
 test-unit: install
 	$(PY) -m pytest -m "not root and not vm and not mininet and not multihost"

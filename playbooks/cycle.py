@@ -30,11 +30,12 @@ from testbed.remote.hostshape import HostShape, path_of, plan_shapes
 from testbed.remote.inventory import Inventory, Machine
 from testbed.remote.ssh import RemoteError, Session
 from testbed.run import metrics
-from testbed.run.placement import place_stages
+from testbed.run.placement import PlacementError, place_stages
 from testbed.run.runner import RunError, RunOptions
 from testbed.run.summary import LinkRecord, RunSummary, StageLink, StagePlacement
 from testbed.util import units
 from testbed.util.hostload import STEAL_BOUND, HostLoad
+from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT
 from workloads.records import RankTrace, WorkerConfig
 
@@ -326,10 +327,7 @@ class Cycle:
     def run(self, options: RunOptions, run_id: str | None = None) -> tuple[Path, RunSummary]:
         """Every schedule of `options` in turn, one worker per machine chosen by the placement; results collected
         into results/<run-id>/ with the single-machine contract."""
-        machines = list(self.inventory.machines)
-        chosen = [machines[i] for i in place_stages([(m.name, m.dc) for m in machines], options.stages,
-                                                    options.placement)]
-        options.check_stages(len(chosen))
+        chosen = stage_machines(self.inventory, options)
         plan = build_plan(self.inventory.topology, self.testbed)
         links = []
         for a, b in zip(chosen, chosen[1:], strict=False):
@@ -395,10 +393,8 @@ class Cycle:
                      f"{folder}/worker-{rank}.log", f"{folder}/worker-{rank}.pid"]))
             self._supervise(chosen, channels, remote_dirs, options.hang_timeout_s)
         finally:
-            for channel in channels:
-                channel.close()
-            self._each("stop", lambda m: _stopped(self._agent(m, "kill", f"{remote_dirs[m.name]}/worker-"
-                                                                  f"{chosen.index(m)}.pid")), chosen, stop=False)
+            with cleanup():
+                self._stop_workers(chosen, channels, remote_dirs)
         ranks = []
         for rank, m in enumerate(chosen):
             self.sessions[m.name].get(f"{remote_dirs[m.name]}/rank-{rank}.json", out_dir / f"rank-{rank}.json")
@@ -406,11 +402,19 @@ class Cycle:
             ranks.append(RankTrace.from_json(json.loads((out_dir / f"rank-{rank}.json").read_text())))
         return ranks
 
+    def _stop_workers(self, chosen: list[Machine], channels: list[Any], remote_dirs: dict[str, str]) -> None:
+        """Close the workers' channels (their pty hangs up) and stop any still running by its pid file."""
+        for channel in channels:
+            channel.close()
+        self._each("stop", lambda m: _stopped(self._agent(m, "kill", f"{remote_dirs[m.name]}/worker-"
+                                                            f"{chosen.index(m)}.pid")), chosen, stop=False)
+
     def _supervise(self, chosen: list[Machine], channels: list[Any], remote_dirs: dict[str, str],
                    hang_timeout_s: float) -> None:
         buffers = [b"" for _ in channels]
         last = time.monotonic()
         while True:
+            raise_if_pending()
             for rank, channel in enumerate(channels):
                 while channel.recv_ready():
                     buffers[rank] += channel.recv(65536)
@@ -570,9 +574,23 @@ def _stopped(result: dict[str, Any]) -> str:
     return "worker already ended" if result["stopped"] is None else f"worker {result['stopped']} stopped"
 
 
+def stage_machines(inventory: Inventory, options: RunOptions) -> list[Machine]:
+    """The machines that run stage 0, 1, ... (testbed.run.placement), the model checked against them: before
+    anything is set up on any machine."""
+    machines = list(inventory.machines)
+    try:
+        chosen = [machines[i] for i in place_stages([(m.name, m.dc) for m in machines], options.stages,
+                                                    options.placement)]
+    except PlacementError as exc:
+        raise RunError(str(exc)) from None
+    options.check_stages(len(chosen))
+    return chosen
+
+
 def full_cycle(inventory: Inventory, options: RunOptions, *, testbed: str, results_root: Path,
                log: Callable[[str], None] = print, verify_required: bool = True) -> tuple[Path, RunSummary, Cycle]:
     """preflight -> provision -> shape -> verify -> run -> collect, then teardown whatever happened."""
+    stage_machines(inventory, options)
     cycle = Cycle(inventory, testbed, results_root, log)
     try:
         cycle.preflight()
@@ -585,11 +603,12 @@ def full_cycle(inventory: Inventory, options: RunOptions, *, testbed: str, resul
         run_dir, summary = cycle.run(options)
     finally:
         start = time.monotonic()
-        try:
-            failures = cycle.teardown()
-        finally:
-            cycle.step_s["teardown"] = time.monotonic() - start
-            cycle.close()
+        with cleanup():
+            try:
+                failures = cycle.teardown()
+            finally:
+                cycle.step_s["teardown"] = time.monotonic() - start
+                cycle.close()
         if failures:
             log("teardown failed on " + ", ".join(f.machine for f in failures) + ": clean them with "
                 f"'testbed remote down {inventory.source}'")

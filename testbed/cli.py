@@ -277,7 +277,7 @@ REMOTE_ACTIONS = {
 
 
 def cmd_remote(args: argparse.Namespace) -> int:
-    from playbooks.cycle import Cycle, CycleError, full_cycle
+    from playbooks.cycle import Cycle, CycleError, full_cycle, stage_machines
     from testbed.remote.hostshape import plan_shapes
     from testbed.remote.inventory import load_inventory
     from testbed.remote.ssh import RemoteError
@@ -305,6 +305,7 @@ def cmd_remote(args: argparse.Namespace) -> int:
                     print(f"testbed: {len(failed)} check(s) failed", file=sys.stderr)
                     return 1
             if args.action == "run":
+                stage_machines(inventory, _run_options(args))
                 cycle.shapes = plan_shapes(inventory, name)
                 cycle._each("run", lambda m: f"shaped ({cycle._agent(m, 'counters', name, m.name, root=True)})")
                 run_dir, summary = cycle.run(_run_options(args))

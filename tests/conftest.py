@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from terminal import terminal  # noqa: F401 - the real-terminal fixture, for every tier
 
 REPO = Path(__file__).resolve().parent.parent
 IS_ROOT = os.geteuid() == 0

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,13 +16,15 @@ import pytest
 import yaml
 from contract import check_summary
 from sshlab import DATA_NIC, SshLab
+from terminal import _wait_for
+from test_interrupts import SMALL
 
 pytest.importorskip("torch")
 
 from playbooks.cycle import Cycle, CycleError, full_cycle  # noqa: E402
 from testbed.remote.hostshape import STATE_DIR  # noqa: E402
 from testbed.remote.inventory import load_inventory  # noqa: E402
-from testbed.run.runner import RunOptions  # noqa: E402
+from testbed.run.runner import RunError, RunOptions  # noqa: E402
 
 pytestmark = [pytest.mark.multihost, pytest.mark.root]
 TOPOLOGY = Path(__file__).parent / "fixtures" / "multihost" / "3dc-lab.yaml"
@@ -133,6 +137,14 @@ def test_unreachable_machine_fails_fast_names_it_and_touches_nothing(lab: SshLab
                    for h in lab.hosts)
 
 
+def test_a_model_that_cannot_fill_the_machines_fails_before_any_ssh(lab: SshLab, tmp_path: Path) -> None:
+    lines: list[str] = []
+    with pytest.raises(RunError, match="2 layers cannot fill 3 stages"):
+        full_cycle(load_inventory(_inventory(lab)), RunOptions(schedules=["1f1b"], model={"n_layer": 2}),
+                   testbed="mh-early", results_root=tmp_path, log=lines.append)
+    assert lines == []
+
+
 def test_wrong_host_key_is_refused_and_unknown_key_needs_consent(lab: SshLab, tmp_path: Path) -> None:
     good = lab.known_hosts.read_text()
     a, b, c = lab.hosts
@@ -169,3 +181,20 @@ def test_commands_are_argument_lists_quoted_not_interpolated(lab: SshLab, tmp_pa
     finally:
         cycle.close()
     assert Path(odd).is_dir() and not Path("INJECTED").exists() and not (lab.root / "h1" / "INJECTED").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_cycle_stopped_mid_run_tears_down_every_machine(stop: str, lab: SshLab, tmp_path: Path,
+                                                        terminal) -> None:
+    """Ctrl-C typed in a real terminal (or kill -TERM) while the machines train: the workers stop, the shaping
+    goes, every machine is as before."""
+    inventory = _inventory(lab)
+    term = terminal([sys.executable, "-m", "testbed", "remote", "cycle", str(inventory), "--name", "mhint",
+                     "--schedule", "1f1b", "--iterations", "40", "--results", str(tmp_path), *SMALL, "--layers", "3"])
+    _wait_for(lambda: "iteration 2:" in term.output(), "training on the machines", term)
+    (term.ctrl_c if stop == "SIGINT" else lambda: os.kill(term.pid, signal.SIGTERM))()
+    term.wait_exit()
+    assert term.status() == (130 if stop == "SIGINT" else 143), term.output()
+    assert "teardown" in term.output() and f"received {stop}" in term.output()
+    _nothing_left(lab, "mhint")

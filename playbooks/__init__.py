@@ -1,0 +1,1 @@
+"""Fabric playbooks: the multi-host cycle (playbooks.cycle) behind `testbed remote`."""
