@@ -46,6 +46,24 @@ def run_cli(*args: str, check: bool = True, timeout: float = 120) -> subprocess.
     return result
 
 
+def fixture_expectation(path: Path) -> tuple[str, str, str]:
+    """A bad fixture's first line: `# expect: KEYPATH | PROBLEM | FIX` (the error it must produce)."""
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect:"), f"{path} must start with '# expect: KEYPATH | PROBLEM | FIX'"
+    key, problem, fix = (part.strip() for part in first.removeprefix("# expect:").split("|"))
+    return key, problem, fix
+
+
+def assert_precise_error(path: Path, load: object, error: type) -> None:
+    """Loading a bad fixture raises `error` with the problem its first line expects (file, key path, fix)."""
+    key, problem, fix = fixture_expectation(path)
+    with pytest.raises(error) as err:
+        load(path)  # type: ignore[operator]
+    matching = [p for p in err.value.problems if p.path == key and problem in p.problem and fix in p.fix]
+    assert matching, f"wanted {key!r}: ...{problem}...; ...{fix}...\ngot:\n{err.value}"
+    assert str(path) in str(err.value)
+
+
 def netns_with_prefix(prefix: str) -> list[str]:
     try:
         return sorted(n for n in os.listdir("/run/netns") if n.startswith(prefix))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import assert_precise_error
 
 from testbed.remote.hostshape import plan_shapes
 from testbed.remote.inventory import InventoryError, load_inventory
@@ -14,25 +15,13 @@ FIXTURES = Path(__file__).parent / "fixtures"
 BAD = sorted((FIXTURES / "inventory" / "bad").glob("*.yaml"))
 
 
-def _expectation(path: Path) -> tuple[str, str, str]:
-    first = path.read_text().splitlines()[0]
-    assert first.startswith("# expect:"), f"{path} must start with '# expect: KEYPATH | PROBLEM | FIX'"
-    key, problem, fix = (part.strip() for part in first.removeprefix("# expect:").split("|"))
-    return key, problem, fix
-
-
 def test_one_bad_file_per_kind_of_mistake() -> None:
     assert len(BAD) >= 15
 
 
 @pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)
 def test_bad_inventory_gives_precise_error(path: Path) -> None:
-    key, problem, fix = _expectation(path)
-    with pytest.raises(InventoryError) as err:
-        load_inventory(path)
-    matching = [p for p in err.value.problems if p.path == key and problem in p.problem and fix in p.fix]
-    assert matching, f"wanted {key!r}: ...{problem}...; ...{fix}...\ngot:\n{err.value}"
-    assert str(path) in str(err.value)
+    assert_precise_error(path, load_inventory, InventoryError)
 
 
 def _good(tmp_path: Path) -> Path:

@@ -27,12 +27,10 @@ from typing import Any
 from testbed.plan.builder import build_plan, delay_queue_packets
 from testbed.plan.model import Plan
 from testbed.remote.inventory import Inventory
+from testbed.shaping.htb import BURST_BYTES, QUANTUM_BYTES, ROOT_HANDLE
 
 STATE_DIR = Path("/run/testbed-remote")
-ROOT_HANDLE = 0x10000
 FIRST_CLASS = 0x10
-BURST_BYTES = 15_000
-QUANTUM_BYTES = 60_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from testbed.topology.errors import Problem, TopologyError
-from testbed.topology.loader import _UniqueKeyLoader, load_topology
+from testbed.topology.loader import _Checker, _UniqueKeyLoader, load_topology
 from testbed.topology.model import Topology
 from testbed.util.paths import resolve_topology
 
@@ -94,28 +94,6 @@ class Inventory:
         raise KeyError(name)
 
 
-class _Check:
-    def __init__(self) -> None:
-        self.problems: list[Problem] = []
-
-    def add(self, path: str, problem: str, fix: str) -> None:
-        self.problems.append(Problem(path, problem, fix))
-
-    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.add(path, f"expected a mapping, got {type(value).__name__} {value!r}",
-                     f"write it as keys: {', '.join(sorted(allowed))}")
-            return {}
-        for key in value:
-            if key not in allowed:
-                close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
-                self.add(f"{path}.{key}" if path else str(key), f"unknown key {key!r}",
-                         f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(sorted(allowed))}")
-        return {k: v for k, v in value.items() if k in allowed}
-
-
 def load_inventory(path: str | Path) -> Inventory:
     """Read and validate an inventory file; raises `InventoryError` with every problem found."""
     source = Path(path)
@@ -133,14 +111,14 @@ def load_inventory(path: str | Path) -> Inventory:
         where = f"line {mark.line + 1}" if mark else ""
         raise InventoryError(str(source), [Problem(where, f"not valid YAML: {getattr(exc, 'problem', exc)}",
                                                    "fix the YAML syntax (indentation, colons, quotes)")]) from None
-    check = _Check()
+    check = _Checker()
     inventory = _build(raw, source, check)
     if check.problems or inventory is None:
         raise InventoryError(str(source), check.problems)
     return inventory
 
 
-def _build(raw: Any, source: Path, check: _Check) -> Inventory | None:
+def _build(raw: Any, source: Path, check: _Checker) -> Inventory | None:
     top = check.mapping(raw, "", TOP_KEYS)
     if not isinstance(raw, dict):
         return None
@@ -189,7 +167,7 @@ def _build(raw: Any, source: Path, check: _Check) -> Inventory | None:
 
 
 def _machine(name: str, dc: str, merged: dict[str, Any], own: dict[str, Any], path: str, base: Path,
-             check: _Check) -> Machine | None:
+             check: _Checker) -> Machine | None:
     def where(key: str) -> str:
         return f"{path}.{key}" if key in own else f"defaults.{key}"
 
@@ -244,7 +222,7 @@ def _machine(name: str, dc: str, merged: dict[str, Any], own: dict[str, Any], pa
                    key=key, nic=str(nic), jump=jump, python=python, workdir=workdir, accept_new_host_key=accept)
 
 
-def _check_cover(machines: list[Machine], topology: Topology | None, check: _Check) -> None:
+def _check_cover(machines: list[Machine], topology: Topology | None, check: _Checker) -> None:
     if topology is None or not machines:
         return
     dcs = {m.dc for m in machines}
@@ -253,7 +231,7 @@ def _check_cover(machines: list[Machine], topology: Topology | None, check: _Che
                   f"map hosts of at least two DCs of {topology.name}: {', '.join(d.name for d in topology.datacenters)}")
 
 
-def _check_unique(machines: list[Machine], check: _Check) -> None:
+def _check_unique(machines: list[Machine], check: _Checker) -> None:
     seen: dict[str, str] = {}
     for m in machines:
         if m.data_address in seen:
