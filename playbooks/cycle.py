@@ -45,7 +45,10 @@ GOODPUT_FRACTION = 0.90
 """Verify across real machines: a direction carries at least this share of its TCP goodput (the one-box check
 asks 0.96; a Python sender on a shared 2-core box and a real network's own losses leave less headroom)."""
 THROUGHPUT_S = 3.0
-THROUGHPUT_RUNS = 3
+THROUGHPUT_RUNS = 5
+"""At most this many runs per direction; the first that reaches GOODPUT_FRACTION ends them. On the 3-machine lab
+(one 2-core box, three delay daemons) 34 of 36 single 3 s runs reached 93.9-99.9 %, two fell to 59 % and 87 %
+(host stalls); a direction shaped too slow fails every run."""
 RTT_ROUNDS = 3
 
 
@@ -303,7 +306,7 @@ class Cycle:
         _, rate, _ = path_of(plan, src.dc, dst.dc)
         mtu = plan.directions[0].mtu
         expected = rate * (mtu - 52) / (mtu + 14)
-        best = 0.0
+        runs: list[float] = []
         for _ in range(THROUGHPUT_RUNS):
             port = int(self._agent(dst, "freeport", dst.data_address)["port"])
             channel = self.sessions[dst.name].start(["env", f"PYTHONPATH={self.facts[dst.name].project}",
@@ -312,16 +315,17 @@ class Cycle:
             try:
                 _read_line(channel, dst.name, 20)          # {"listening": port}
                 self._agent(src, "source", dst.data_address, str(port), str(THROUGHPUT_S))
-                result = json.loads(_read_line(channel, dst.name, 30))
+                runs.append(json.loads(_read_line(channel, dst.name, 30))["bps"])
             finally:
                 channel.close()
-            best = max(best, result["bps"])
-            if best >= GOODPUT_FRACTION * expected:
+            if runs[-1] >= GOODPUT_FRACTION * expected:
                 break
+        best = max(runs)
         return Check("throughput", f"{src.dc} -> {dst.dc} ({src.name} -> {dst.name})",
                      f">= {GOODPUT_FRACTION:.0%} of {units.format_rate(expected)} (TCP at MTU {mtu} over "
-                     f"{units.format_rate(rate)})", f"{units.format_rate(best)} ({best / expected:.1%} of expected)",
-                     best >= GOODPUT_FRACTION * expected)
+                     f"{units.format_rate(rate)})", f"{units.format_rate(best)} ({best / expected:.1%} of expected)"
+                     + (f", best of {len(runs)} runs of {THROUGHPUT_S:g} s (" + ", ".join(f"{r / expected:.0%}" for r in runs)
+                        + ")" if len(runs) > 1 else ""), best >= GOODPUT_FRACTION * expected)
 
     # -- run and collect ---------------------------------------------------------------------------------
     def run(self, options: RunOptions, run_id: str | None = None) -> tuple[Path, RunSummary]:

@@ -146,12 +146,13 @@ class SshLab:
         for pid in self.processes():          # anything the cycle left behind is a failure, but is cleaned
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        with IPRoute() as ipr:       # root-side ends first: a removed namespace's veths go only asynchronously
+            for name in [f"{self.prefix}m{i}" for i in range(1, self.count + 1)] + [self.bridge]:
+                for index in ipr.link_lookup(ifname=name):
+                    ipr.link("del", index=index)
         for name in [h.netns for h in self.hosts] + [self.switch]:
             if name in netns.listnetns():
                 netns.remove(name)
-        with IPRoute() as ipr:
-            for index in ipr.link_lookup(ifname=self.bridge):
-                ipr.link("del", index=index)
         if self.created_run_sshd:
             with contextlib.suppress(OSError):
                 Path("/run/sshd").rmdir()
