@@ -91,6 +91,8 @@ class Cycle:
     shapes: dict[str, HostShape] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     tree_id: str = ""
+    collect_s: float = 0.0
+    """Time spent fetching traces and logs during `run` (reported as the collect step)."""
 
     # -- plumbing --------------------------------------------------------------------------------------
     def _each(self, step: str, work: Callable[[Machine], str], machines: Iterable[Machine] | None = None,
@@ -352,7 +354,8 @@ class Cycle:
             measured.host_load = self._host_load(chosen, loads_before)
             traces[schedule] = ranks
             summaries.append(measured)
-        self.step_s["run"] = time.monotonic() - start
+        self.step_s["run"] = time.monotonic() - start - self.collect_s    # stopping workers included, fetching not
+        self.step_s.pop("stop", None)
         metrics.pool_references(summaries)
         drops_after = self._drops()
         summary = self._summary(run_id, plan, chosen, links, summaries, options, drops_before, drops_after)
@@ -365,7 +368,7 @@ class Cycle:
             (run_dir / "hosts" / f"{name}.json").write_text(json.dumps(asdict(facts), indent=1))
         (run_dir / "verify.json").write_text(json.dumps([asdict(c) for c in self.checks], indent=1))
         (run_dir / "cycle.json").write_text(json.dumps({"step_s": self.step_s, "tree": self.tree_id}, indent=1))
-        self.step_s["collect"] = self.step_s.get("collect", 0.0) + time.monotonic() - start
+        self.step_s["collect"] = self.collect_s + time.monotonic() - start
         return run_dir, summary
 
     def _run_schedule(self, schedule: str, options: RunOptions, chosen: list[Machine], links: list[StageLink],
@@ -399,11 +402,13 @@ class Cycle:
         finally:
             with cleanup():
                 self._stop_workers(chosen, channels, remote_dirs)
+        fetch = time.monotonic()
         ranks = []
         for rank, m in enumerate(chosen):
             self.sessions[m.name].get(f"{remote_dirs[m.name]}/rank-{rank}.json", out_dir / f"rank-{rank}.json")
             self.sessions[m.name].get(f"{remote_dirs[m.name]}/worker-{rank}.log", out_dir / f"worker-{rank}.log")
             ranks.append(RankTrace.from_json(json.loads((out_dir / f"rank-{rank}.json").read_text())))
+        self.collect_s += time.monotonic() - fetch
         return ranks
 
     def _stop_workers(self, chosen: list[Machine], channels: list[Any], remote_dirs: dict[str, str]) -> None:
