@@ -34,10 +34,31 @@ class VmSetup:
     kernel: Path
 
 
+def find_vng() -> Path | None:
+    """virtme-ng beside this interpreter (the venv's bin, where make install puts it), else on PATH."""
+    bindir = Path(sys.executable).parent
+    found = bindir / "vng" if (bindir / "vng").exists() else shutil.which("vng")
+    return Path(found) if found else None
+
+
+def stock_kernels() -> list[Path]:
+    """Kernel images in /boot other than the running one, oldest first (the last is the one booted)."""
+    running = platform.release()
+    return sorted(p for p in Path("/boot").glob("vmlinuz-*") if not p.name.endswith(running))
+
+
+def kernel_package() -> str:
+    """The distribution's stock-kernel package: linux-image-generic on Ubuntu, linux-image-amd64 on Debian."""
+    try:
+        fields = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line)
+    except OSError:
+        fields = {}
+    return "linux-image-generic" if fields.get("ID", "").strip('"') == "ubuntu" else "linux-image-amd64"
+
+
 def find_setup() -> VmSetup:
     """The virtme-ng binary and a stock kernel image other than the running one."""
-    bindir = Path(sys.executable).parent
-    vng = bindir / "vng" if (bindir / "vng").exists() else shutil.which("vng")
+    vng = find_vng()
     missing = []
     if not vng:
         missing.append("virtme-ng (pip install virtme-ng; make install does it)")
@@ -45,10 +66,9 @@ def find_setup() -> VmSetup:
         missing.append("qemu-system-x86 (apt)")
     if not (shutil.which("busybox") or Path("/bin/busybox").exists()):
         missing.append("busybox-static (apt; virtme-ng builds its initramfs with it)")
-    running = platform.release()
-    kernels = sorted(p for p in Path("/boot").glob("vmlinuz-*") if not p.name.endswith(running))
+    kernels = stock_kernels()
     if not kernels:
-        missing.append("a stock kernel in /boot (apt-get install linux-image-amd64)")
+        missing.append(f"a stock kernel in /boot (apt-get install {kernel_package()})")
     if missing:
         raise VmUnavailable("the stock-kernel tier needs: " + "; ".join(missing))
     return VmSetup(vng=Path(str(vng)), kernel=kernels[-1])

@@ -11,6 +11,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testbed.backends import vm
 from testbed.backends.capabilities import Probe, kernel_probes, shaper_choice
 from testbed.backends.mininet import resolve_switch
 from testbed.util import table
@@ -62,7 +63,9 @@ def _machine_probes() -> list[Probe]:
                         f"{modules_dir} {'exists' if modules_dir.is_dir() else 'is missing: nothing can be modprobed'}"))
     rxe = _module_available("rdma_rxe")
     probes.append(Probe("rdma_rxe", rxe, "module present" if rxe else
-                        "no rdma_rxe in this kernel: SoftRoCE needs a stock kernel (make vm-test) or real hosts"))
+                        "no rdma_rxe in this kernel: SoftRoCE between namespaces needs rdma_rxe on Linux 7.1 or later "
+                        "(rxe works in a non-initial namespace from 7.1 on; Debian's 6.1/6.12 kernels do not), or one "
+                        "stage per real machine that has rxe ('testbed remote')"))
     ovs = _module_available("openvswitch")
     probes.append(Probe("ovs datapath", ovs, "openvswitch module present" if ovs else
                         "no openvswitch kernel module: OVS only with datapath=user"))
@@ -74,10 +77,12 @@ def _machine_probes() -> list[Probe]:
     probes.append(_binary_probe("brctl", "bridge-utils"))
     probes.append(_binary_probe("iperf3", "iperf3"))
     probes.append(_binary_probe("qemu-system-x86_64", "qemu-system-x86"))
-    probes.append(_binary_probe("vng", "virtme-ng (pip)"))
-    kernels = sorted(str(p) for p in Path("/boot").glob("vmlinuz-*"))
+    vng = vm.find_vng()        # where `testbed vm` looks: beside this interpreter (the venv), then PATH
+    probes.append(Probe("vng", vng is not None, str(vng) if vng else "not found (make install: pip virtme-ng)"))
+    kernels = vm.stock_kernels()
     probes.append(Probe("stock kernel image", bool(kernels),
-                        ", ".join(kernels) if kernels else "none in /boot (apt-get install linux-image-amd64)"))
+                        f"testbed vm boots {kernels[-1]}" if kernels
+                        else f"none in /boot besides the running one (apt-get install {vm.kernel_package()})"))
     probes.append(_package_probe("torch"))
     probes.append(_package_probe("numpy"))
     return probes
