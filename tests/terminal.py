@@ -75,7 +75,7 @@ def _first_child(pid: int, timeout_s: float = 10) -> int:
 def _zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):      # gone between the look and the read (reaped)
         return True
 
 
