@@ -232,6 +232,12 @@ class Cycle:
         shapes = plan_shapes(self.inventory, self.testbed)
         firsts = self._first_per_dc()
 
+        def unshape(m: Machine) -> str:       # shaped again (`up` twice): measure the network, not the last shape
+            removed = self._agent(m, "unshape", self.testbed, m.name, root=True)["removed"]
+            return f"removed this testbed's earlier shaping ({len(removed)} item(s))" if removed else "not shaped yet"
+
+        self._each("shape", unshape)
+
         def base(m: Machine) -> str:
             subtract = {}
             for dc, peer in firsts.items():

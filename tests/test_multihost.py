@@ -22,6 +22,7 @@ from test_interrupts import SMALL
 pytest.importorskip("torch")
 
 from playbooks.cycle import Cycle, CycleError, full_cycle  # noqa: E402
+from testbed.plan.builder import build_plan  # noqa: E402
 from testbed.remote.hostshape import STATE_DIR  # noqa: E402
 from testbed.remote.inventory import load_inventory  # noqa: E402
 from testbed.run.runner import RunError, RunOptions  # noqa: E402
@@ -33,7 +34,7 @@ PYTHON = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "python"
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshLab]:
-    lab = SshLab(tmp_path_factory.mktemp("sshlab"), f"tbl{os.getpid() % 10000}", 3)
+    lab = SshLab(tmp_path_factory.mktemp("sshlab"), f"tbl{os.getpid() % 10000}", 3, net=20 + os.getpid() % 200)
     try:
         yield lab.open()
     finally:
@@ -116,6 +117,24 @@ def test_full_cycle_over_ssh_meets_the_single_machine_contract(lab: SshLab, tmp_
     finally:
         again.close()
     assert sum("present" in line for line in lines[-3:]) == 3
+
+
+def test_shaping_twice_measures_the_network_not_the_last_shape(lab: SshLab, tmp_path: Path) -> None:
+    """`up` run again replaces this testbed's shaping; the network's own latency is measured unshaped each time."""
+    cycle = Cycle(load_inventory(_inventory(lab)), "mh-twice", tmp_path, log=lambda _: None)
+    try:
+        cycle.preflight()
+        cycle.provision()
+        cycle.shape()
+        cycle.shape()
+        assert all(0 <= s < 1e-3 for shape in cycle.shapes.values() for s in shape.subtract_s.values()), cycle.shapes
+        a, b = cycle.inventory.machines[:2]
+        check = cycle._rtt_check(build_plan(cycle.inventory.topology, "mh-twice"), a, b)
+        assert check.ok, check
+    finally:
+        cycle.teardown()
+        cycle.close()
+    _nothing_left(lab, "mh-twice")
 
 
 def test_unreachable_machine_fails_fast_names_it_and_touches_nothing(lab: SshLab, tmp_path: Path) -> None:
