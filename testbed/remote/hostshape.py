@@ -14,6 +14,7 @@ Everything added carries the testbed's name (rule comments, state file), so `rem
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -235,7 +236,10 @@ def remove(testbed: str, host: str) -> list[str]:
     for name in [*installed.files, installed.spec]:
         if name:
             Path(name).unlink(missing_ok=True)
-    Installed.path(testbed, host).unlink(missing_ok=True)
+    state = Installed.path(testbed, host)
+    state.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):       # the testbed's folder goes with its last machine's state
+        state.parent.rmdir()
     return removed
 
 
