@@ -23,12 +23,18 @@ else
 PYTHON_PKGS := python3-venv python3-dev
 endif
 APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openvswitch-switch net-tools tmux \
-	$(PYTHON_PKGS) qemu-system-x86 $(KERNEL_IMAGE) busybox-static openssh-server git
+	$(PYTHON_PKGS) qemu-system-x86 $(KERNEL_IMAGE) busybox-static openssh-server git \
+	rdma-core ibverbs-utils perftest python3-pyverbs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install apt test test-host test-unit multihost vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak cli clean
+.PHONY: demo install apt stock-kernel test test-host test-unit multihost vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak cli clean
 
-install: $(STAMP)
+install: $(STAMP) stock-kernel
+
+# The stock-kernel tier's 7.x kernel (rxe inside namespaces), from Debian's trixie-backports without touching the
+# system's apt sources; idempotent. On other distributions it says why it is skipped.
+stock-kernel: | apt
+	@scripts/install-stock-kernel.sh
 
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "ok installed" || echo $$p; done); \
@@ -60,7 +66,7 @@ test-host: install
 
 # Tests marked `vm`, inside Debian's stock kernel (netem, rdma_rxe) under QEMU, via virtme-ng.
 vm-test: install
-	$(TESTBED) vm --out results/vm -- $(PY) -m pytest -p no:cacheprovider -m vm tests/test_vm.py
+	$(TESTBED) vm --out results/vm -- $(PY) -m pytest -p no:cacheprovider -m vm tests/test_vm.py tests/test_vm_rdma.py
 
 # The same experiment on real machines over SSH: preflight -> provision -> shape -> verify -> run -> collect ->
 # teardown (playbooks/README.md). INVENTORY names the machines; ARGS passes run options (e.g. --schedule 1f1b,geopipe).

@@ -522,7 +522,9 @@ class Cycle:
             stages=[StagePlacement(i, m.name, m.dc) for i, m in enumerate(chosen)], stage_links=links,
             links=records, lossless_ok=all(not lk.lossless or not lk.drops_during_run for lk in records),
             shaper="+".join(shapers), backend="remote-ssh", switch=None, shaper_calibration_s=calibration,
-            transport="gloo-tcp", kernel=", ".join(sorted({self.facts[m.name].kernel for m in chosen})), cpus=cpus,
+            transport="gloo-tcp", transport_reason=("--transport auto took tcp: 'testbed remote' carries TCP only"
+                                                    if options.transport == "auto" else "asked for"),
+            kernel=", ".join(sorted({self.facts[m.name].kernel for m in chosen})), cpus=cpus,
             oversubscribed=oversubscribed, workers=len(chosen), delay_daemons=daemons,
             options=asdict(options), schedules=summaries, daemon_restarts=0)
 
@@ -592,6 +594,9 @@ def _stopped(result: dict[str, Any]) -> str:
 def stage_machines(inventory: Inventory, options: RunOptions) -> list[Machine]:
     """The machines that run stage 0, 1, ... (testbed.run.placement), the model checked against them: before
     anything is set up on any machine."""
+    if options.transport == "rdma":
+        raise RunError("--transport rdma is not carried by 'testbed remote' yet: its workers run over TCP (gloo); "
+                       "use --transport tcp or auto, or run RDMA under the stock kernel ('testbed vm')")
     machines = list(inventory.machines)
     try:
         chosen = [machines[i] for i in place_stages([(m.name, m.dc) for m in machines], options.stages,

@@ -22,6 +22,7 @@ from testbed.backends.registry import BACKENDS
 from testbed.deploy import lifecycle
 from testbed.plan import build_plan
 from testbed.plan.render import render_plan
+from testbed.rdma.support import ROUTES, rxe_in_namespaces
 from testbed.shaping.registry import CHOICES as SHAPER_CHOICES
 from testbed.shaping.registry import ShaperError
 from testbed.state import store as statefile
@@ -44,7 +45,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    result = lifecycle.up(resolve_topology(args.topology), args.name, args.backend, args.shaper, args.switch)
+    result = lifecycle.up(resolve_topology(args.topology), args.name, args.backend, args.shaper, args.switch,
+                          rdma=args.rdma)
     plan = result.plan
     print(f"testbed {plan.testbed} up: {len(plan.nodes)} namespaces ({len(plan.hosts)} hosts), "
           f"{len(plan.veths)} veth pairs, in {result.seconds:.2f} s ({args.backend} backend); "
@@ -54,6 +56,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     if mininet:
         print(f"Mininet {mininet.version}: {mininet.switch} switches "
               f"{', '.join(sw.name for sw in mininet.switches)} ({mininet.switch_reason})")
+    if backend.state.rdma:
+        print("SoftRoCE: " + ", ".join(f"{d.node} {d.name} on {d.netdev} (GID {d.gid_index}, RDMA MTU {d.active_mtu})"
+                                       for d in backend.state.rdma.devices))
     if result.shaper == "none":
         print("WARNING: --shaper none: OTN links carry NO delay and NO rate limit", file=sys.stderr)
     shaper = backend.state.shaper
@@ -171,8 +176,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         options = _run_options(args)
         hosts = lifecycle.hosts_of(args.target)
         options.check_stages(len(place_stages(hosts, options.stages, options.placement)))
+        rdma = args.rdma
+        if options.transport == "rdma":
+            rxe_support = rxe_in_namespaces()
+            if not rxe_support.ok:
+                raise RunError(f"--transport rdma cannot run: {rxe_support.reason}. Routes: {ROUTES}")
+            rdma = rdma or "softroce"
         with lifecycle.testbed_for(args.target, name=args.name, backend=args.backend, shaper=args.shaper,
-                                   switch=args.switch) as backend:
+                                   switch=args.switch, rdma=rdma) as backend:
             run_dir, summary = run_schedules(backend, options, Path(args.results))
     except PlacementError as exc:
         raise BackendError(str(exc)) from None
@@ -203,7 +214,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         microbatch_counts=[int(x) for x in args.microbatch_counts.split(",")] if args.microbatch_counts else [],
         memory_budget=None if args.memory_budget in (None, "", "none") else _budget(args.memory_budget),
         results=args.results,
-        backend=args.backend, switch=args.switch)
+        backend=args.backend, switch=args.switch, transports=_transports(args.transports))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
                   TimeElapsedColumn()) as progress:
         holder: dict[str, int] = {}
@@ -321,6 +332,16 @@ def cmd_remote(args: argparse.Namespace) -> int:
     return 0
 
 
+def _transports(text: str) -> list[str]:
+    chosen = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in chosen if t not in ("tcp", "rdma")]
+    if bad or not chosen:
+        raise BackendError(f"--transports: unknown {bad[0] if bad else '(none)'!r}; give tcp, rdma or tcp,rdma")
+    if "rdma" in chosen:
+        rxe_in_namespaces().require()
+    return chosen
+
+
 def _add_training_args(p: argparse.ArgumentParser) -> None:
     """What to train and how: shared by `run` and `remote run`/`remote cycle`."""
     p.add_argument("--schedule", default="1f1b,1f1b-prefetch,geopipe",
@@ -344,6 +365,11 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1234, help="model initialisation and data order")
     p.add_argument("--dump-gradients", action="store_true",
                    help="each rank writes its last iteration's gradients (grads-rank-<r>.pt beside its trace)")
+    p.add_argument("--transport", default="auto", choices=["auto", "tcp", "rdma"],
+                   help="between stages: rdma (RC queue pairs over each host's rxe device; fails at once where "
+                        "missing), tcp (gloo), auto (rdma where every stage has it, else tcp and why)")
+    p.add_argument("--rdma-slots", type=int, default=4,
+                   help="RDMA receive slots per neighbour (messages a sender may push ahead of the receiver)")
 
 
 def _run_options(args: argparse.Namespace) -> RunOptions:
@@ -354,7 +380,8 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         microbatch_size=args.microbatch_size, iterations=args.iterations,
         model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
         memory_budget=args.memory_budget, stages=args.stages, placement=args.placement,
-        hang_timeout_s=args.hang_timeout, lr=args.lr, seed=args.seed, dump_gradients=args.dump_gradients)
+        hang_timeout_s=args.hang_timeout, lr=args.lr, seed=args.seed, dump_gradients=args.dump_gradients,
+        transport=args.transport, rdma_slots=args.rdma_slots)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -384,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", default="quick", choices=["quick", "full", "skip"],
                    help="after bring-up: quick (reach, routes, delays, drops), full (+ TCP throughput), skip")
     p.add_argument("--no-verify", action="store_true", help="same as --verify skip")
+    p.add_argument("--rdma", choices=["none", "softroce"],
+                   help="override the topology's rdma: softroce gives every host an rxe device (Linux >= 7.1)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="remove a testbed and everything it created")
@@ -429,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shaper", default="auto", choices=SHAPER_CHOICES)
     p.add_argument("--backend", default="netns", choices=sorted(BACKENDS), help="for a testbed brought up here")
     p.add_argument("--switch", default="auto", choices=SWITCH_KINDS, help="mininet: DC switch")
+    p.add_argument("--rdma", choices=["none", "softroce"],
+                   help="for a testbed brought up here: override the topology's rdma (--transport rdma implies "
+                        "softroce)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("remote", help="the same experiment on real machines over SSH (an inventory file)",
@@ -463,6 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="results")
     p.add_argument("--backend", default="netns", choices=sorted(BACKENDS))
     p.add_argument("--switch", default="auto", choices=SWITCH_KINDS, help="mininet: DC switch")
+    p.add_argument("--transports", default="tcp",
+                   help="comma-separated tcp,rdma: with rdma, a transport sweep at the focus (our schedules over each; "
+                        "needs rxe in namespaces, Linux >= 7.1: run it under 'testbed vm')")
     p.add_argument("--resume", metavar="RESULTS_DIR",
                    help="complete a stopped experiment: run only its missing points, with its recorded options "
                         "(the options above are then ignored); refused if the topology, code or machine changed")

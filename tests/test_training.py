@@ -182,6 +182,9 @@ def test_training_across_namespaces_writes_summary(backend: str, unique_name: st
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
     check_summary(summary, ["1f1b", "1f1b-prefetch", "geopipe"], stages=2)
     assert summary["topology"] == "2dc-1000km" and summary["backend"] == backend
+    # `--transport auto` (the default) on a testbed without rxe devices: TCP, and the summary says why.
+    assert summary["transport"] == "gloo-tcp" and summary["transport_reason"].startswith("--transport auto took tcp")
+    assert "transport tcp: --transport auto took tcp" in out.stdout
     one, pre, geo = summary["schedules"]
     # 5 ms one-way: posting early beats just-in-time receives. Geopipe vs 1f1b-prefetch needs more than these 8
     # micro-batches of ~2 ms to show above the noise: bench-pipeline and the demo measure it at 64.

@@ -39,6 +39,14 @@ class WorkerConfig:
     cpu: int | None = None
     """Core the worker pins itself to."""
     timeout_s: float = 120.0
+    transport: str = "tcp"
+    """tcp (gloo) or rdma (workloads/rdma over this host's rxe device: `rdma_device`, `rdma_gid_index`)."""
+    rdma_device: str = ""
+    rdma_gid_index: int = -1
+    rdma_mtu: list[int] = field(default_factory=list)
+    """Largest RDMA MTU the path between stage s and s+1 carries (its smallest IP MTU)."""
+    rdma_slots: int = 4
+    """Receive slots per neighbour (each one message): how far a sender may run ahead of its receiver."""
     dump_gradients: bool = False
     """Write this rank's gradients of the last iteration to OUT/grads-rank-<r>.pt (checks against a single
     process; with lr 0 every iteration's gradients are those of the initial weights)."""
@@ -119,6 +127,8 @@ class RankTrace:
     """The in-flight budget this rank ran under (enforced), None for none."""
     compute_spread: list[float] = field(default_factory=list)
     """Warm-up per-micro-batch F+B: [fast quantile, median, mean] seconds (what geopipe's slack comes from)."""
+    transport_detail: dict[str, Any] = field(default_factory=dict)
+    """RDMA: per neighbour rank the QPs, RDMA MTU, ACK timeout exponent and slot pool; pool bytes in total."""
 
     @property
     def steady(self) -> list[IterationRecord]:
@@ -130,7 +140,7 @@ class RankTrace:
                 "geopipe_sizing": asdict(self.geopipe_sizing) if self.geopipe_sizing else None,
                 "activation_bytes": self.activation_bytes, "transport": self.transport,
                 "reference_compute_s": list(self.reference_compute_s), "budget_bytes": self.budget_bytes,
-                "compute_spread": list(self.compute_spread)}
+                "compute_spread": list(self.compute_spread), "transport_detail": dict(self.transport_detail)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankTrace:
@@ -142,4 +152,5 @@ class RankTrace:
                    geopipe_sizing=GeoPipeSizing.from_json(sizing) if sizing else None,
                    activation_bytes=data.get("activation_bytes"), transport=data.get("transport", ""),
                    reference_compute_s=list(data.get("reference_compute_s", [])),
-                   budget_bytes=data.get("budget_bytes"), compute_spread=list(data.get("compute_spread", [])))
+                   budget_bytes=data.get("budget_bytes"), compute_spread=list(data.get("compute_spread", [])),
+                   transport_detail=dict(data.get("transport_detail", {})))

@@ -6,6 +6,8 @@ Model (the same semantics the executor runs under gloo/TCP):
   as gloo's TCP pair is: it starts when both the send is issued (t_send) and the receiver's post has
   reached the sender (t_post + d); it then occupies the link for bytes/R (messages in one direction queue
   in program order) and arrives d later. A receive posted just in time therefore costs an extra round trip.
+  Over RDMA (`Costs.receiver_driven` False) a message starts when it is sent: it is written into a slot the
+  receiver holds for it (the slot pool's limit on how far a sender runs ahead is not modelled).
 Predicts per-stage compute time, iteration time, bubble ratio, exposed communication and peak in-flight
 memory (stashes and posted receive buffers, as workloads.memory defines it); reports a deadlock with every
 blocked rank's next action.
@@ -35,6 +37,8 @@ class Costs:
     dispatch_s: list[float] | None = None
     """Per stage: time per F or B spent neither computing nor waiting (the executor's own work between
     spans: posting, allocating, bookkeeping); it delays the pipeline but is not compute."""
+    receiver_driven: bool = True
+    """gloo's TCP: a send starts once the receive is posted. False: RDMA writes into the receiver's slots."""
 
 
 @dataclass(slots=True)
@@ -77,11 +81,11 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
         while queue:
             mb = queue[0]
             key = (direction, dst, mb)
-            if key not in posted:
+            if costs.receiver_driven and key not in posted:
                 return
             link = link_of(direction, dst)
             d, rate = costs.link_delay_s[link], costs.link_bytes_per_s[link]
-            ready = max(sent[key], posted[key] + d)
+            ready = max(sent[key], posted[key] + d) if costs.receiver_driven else sent[key]
             start = max(ready, link_free.get((direction, dst), 0.0))
             link_free[(direction, dst)] = start + costs.activation_bytes / rate
             arrival[key] = link_free[(direction, dst)] + d + costs.message_overhead_s

@@ -1,12 +1,12 @@
-"""Point-to-point transports behind one small interface: gloo over TCP (default), or in-process queues
-(for tests). An RDMA transport would implement the same three methods."""
+"""Point-to-point transports behind one small interface: gloo over TCP (default), RDMA over SoftRoCE or an
+RDMA NIC (workloads/rdma: sender-driven writes into the receiver's slot pool), or in-process queues (tests)."""
 
 from __future__ import annotations
 
 import queue
 import threading
 from abc import ABC, abstractmethod
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -50,6 +50,63 @@ class GlooTransport(Transport):
         import torch.distributed as dist
 
         dist.barrier()
+
+
+class RdmaTransport(Transport):
+    """RC queue pairs to the neighbouring ranks (workloads/rdma/endpoint.py); gloo stays for the barrier and
+    the rendezvous that exchanges the QPs' connection data."""
+
+    name = "rdma-rc"
+
+    def __init__(self, device: str, gid_index: int, rank: int, peers: dict[int, Any], timeout_s: float = 120.0) -> None:
+        import torch.distributed as dist
+
+        from workloads.rdma.endpoint import RdmaEndpoint, exchange_over
+
+        self.endpoint = RdmaEndpoint(device, gid_index, rank, peers, timeout_s=timeout_s)
+
+        def all_gather(info: Any) -> list[Any]:
+            out: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(out, info)
+            return out
+
+        exchange_over(all_gather, self.endpoint)
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        tensor = _contiguous(tensor)
+        work = self.endpoint.send(tensor.data_ptr(), tensor.numel() * tensor.element_size(), dst, tag)
+        return _Holding(work, tensor)
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        if not tensor.is_contiguous():
+            raise ValueError("RDMA receives need a contiguous tensor")
+        return self.endpoint.recv(tensor.data_ptr(), tensor.numel() * tensor.element_size(), src, tag)
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def pool_bytes(self) -> int:
+        """Registered receive slots this rank holds for its peers (fixed; what RDMA adds to a stage's memory)."""
+        return sum(p.params.pool_bytes for p in self.endpoint.peers.values())
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+
+def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+
+class _Holding:
+    """Keeps the sent tensor alive until the send completed (its memory is registered and read by the NIC)."""
+
+    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
+        self.work, self.tensor = work, tensor
+
+    def wait(self) -> None:
+        self.work.wait()
 
 
 class _Done:

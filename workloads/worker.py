@@ -90,12 +90,10 @@ def run_ours(cfg: WorkerConfig, model_cfg: Any) -> RankTrace:
     from workloads.executor import StageExecutor
     from workloads.memory import MemoryBudget
     from workloads.model import build_stages, loss_fn
-    from workloads.transport import GlooTransport
-
     stage = build_stages(model_cfg, cfg.world, cfg.split)[cfg.rank]
     optimizer = torch.optim.AdamW(stage.parameters(), lr=cfg.lr)
-    transport = GlooTransport()
     shape = (cfg.microbatch_size, model_cfg.block_size, model_cfg.n_embd)
+    transport, detail = _transport(cfg, int(torch.Size(shape).numel()) * 4)
     executor = StageExecutor(stage, cfg.rank, cfg.world, transport, shape, cfg.microbatches, loss_fn)
     budget = MemoryBudget.parse(cfg.memory_budget) if cfg.memory_budget else None
     if budget is not None and budget.bytes is not None:
@@ -130,10 +128,35 @@ def run_ours(cfg: WorkerConfig, model_cfg: Any) -> RankTrace:
     if cfg.dump_gradients:
         torch.save({n: p.grad for n, p in stage.named_parameters()}, Path(cfg.out_dir, f"grads-rank-{cfg.rank}.pt"))
     reference.append(_reference(cfg, [stage], [cfg.rank], cfg.world, shape))
+    transport.barrier()                  # every rank is done sending before any closes its queue pairs
+    if hasattr(transport, "close"):
+        transport.close()
     return RankTrace(config=cfg, schedule=cfg.schedule, rank=cfg.rank, iterations=iterations,
                      actions=[str(a) for a in schedule[cfg.rank]], geopipe_sizing=geo,
                      activation_bytes=executor.act_bytes, transport=transport.name, reference_compute_s=reference,
-                     budget_bytes=executor.budget_bytes, compute_spread=spread)
+                     budget_bytes=executor.budget_bytes, compute_spread=spread, transport_detail=detail)
+
+
+def _transport(cfg: WorkerConfig, message_bytes: int) -> tuple[Any, dict[str, Any]]:
+    """gloo over TCP, or RDMA queue pairs to the neighbouring ranks sized from the path between them."""
+    from workloads.transport import GlooTransport, RdmaTransport
+
+    if cfg.transport != "rdma":
+        return GlooTransport(), {}
+    from workloads.rdma.endpoint import LinkParams
+
+    peers = {}
+    for peer in (cfg.rank - 1, cfg.rank + 1):
+        if 0 <= peer < cfg.world:
+            boundary = min(peer, cfg.rank)
+            peers[peer] = LinkParams.for_path(2 * cfg.link_delay_s[boundary], cfg.link_rate_bps[boundary],
+                                              cfg.rdma_mtu[boundary], message_bytes, cfg.rdma_slots)
+    transport = RdmaTransport(cfg.rdma_device, cfg.rdma_gid_index, cfg.rank, peers, timeout_s=cfg.timeout_s)
+    detail = {"device": cfg.rdma_device, "pool_bytes": transport.pool_bytes(),
+              "peers": {str(r): {"qps": p.qps, "rdma_mtu": p.rdma_mtu, "timeout_exp": p.timeout_exp,
+                                 "slots": p.slots, "slot_bytes": p.slot_bytes} for r, p in peers.items()}}
+    log("transport", rank=cfg.rank, transport=transport.name, **detail)
+    return transport, detail
 
 
 def _compute_spread(record: IterationRecord) -> list[float]:

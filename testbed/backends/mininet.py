@@ -94,7 +94,8 @@ class MininetBackend(NamespaceBackend):
                 nsfs.attach(node.netns, net[node.name].pid)
             for node in plan.nodes:
                 _configure_node(node)
-            _set_root_mtu([p for sw in switches for p in sw.ports.values()])
+            fabric_mtu = plan.hosts[0].interfaces[0].mtu if plan.hosts else FABRIC_MTU
+            _set_root_mtu([p for sw in switches for p in sw.ports.values()], fabric_mtu)
             if kind == "linuxbridge":
                 _bridges_skip_netfilter([sw.name for sw in switches])
             _stop_shells(net)
@@ -195,11 +196,11 @@ def _configure_node(node: Node) -> None:
                       **({"prefsrc": str(route.src)} if route.src else {}))
 
 
-def _set_root_mtu(ports: list[str]) -> None:
+def _set_root_mtu(ports: list[str], mtu: int = FABRIC_MTU) -> None:
     with IPRoute() as root:
         for port in ports:
             for index in root.link_lookup(ifname=port):
-                root.link("set", index=index, mtu=FABRIC_MTU)
+                root.link("set", index=index, mtu=mtu)
 
 
 def _bridges_skip_netfilter(bridges: list[str]) -> None:

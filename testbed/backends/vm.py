@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -42,9 +43,23 @@ def find_vng() -> Path | None:
 
 
 def stock_kernels() -> list[Path]:
-    """Kernel images in /boot other than the running one, oldest first (the last is the one booted)."""
+    """Kernel images other than the running one, in /boot and /usr/lib/modules/<release>/vmlinuz (where Debian's
+    trixie-backports 7.x kernel installs it: scripts/install-stock-kernel.sh), oldest version first; the last
+    is the one booted (7.x: rdma_rxe works inside network namespaces)."""
     running = platform.release()
-    return sorted(p for p in Path("/boot").glob("vmlinuz-*") if not p.name.endswith(running))
+    found = {p.name.removeprefix("vmlinuz-"): p for p in Path("/boot").glob("vmlinuz-*")}
+    for image in Path("/usr/lib/modules").glob("*/vmlinuz"):
+        found.setdefault(image.parent.name, image)
+    return [found[r] for r in sorted((r for r in found if r != running), key=_version_key)]
+
+
+def kernel_release(image: Path) -> str:
+    """The release of a kernel image path (/boot/vmlinuz-R or /usr/lib/modules/R/vmlinuz)."""
+    return image.parent.name if image.name == "vmlinuz" else image.name.removeprefix("vmlinuz-")
+
+
+def _version_key(release: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", release.split("-")[0].split("+")[0])[:3])
 
 
 def kernel_package() -> str:

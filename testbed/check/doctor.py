@@ -14,6 +14,7 @@ from pathlib import Path
 from testbed.backends import vm
 from testbed.backends.capabilities import Probe, kernel_probes, shaper_choice
 from testbed.backends.mininet import resolve_switch
+from testbed.rdma.support import NETNS_RXE_KERNEL, ROUTES, kernel_version, rxe_in_namespaces
 from testbed.util import table
 
 
@@ -61,11 +62,10 @@ def _machine_probes() -> list[Probe]:
     modules_dir = Path("/lib/modules") / platform.release()
     probes.append(Probe("kernel modules", modules_dir.is_dir(),
                         f"{modules_dir} {'exists' if modules_dir.is_dir() else 'is missing: nothing can be modprobed'}"))
-    rxe = _module_available("rdma_rxe")
-    probes.append(Probe("rdma_rxe", rxe, "module present" if rxe else
-                        "no rdma_rxe in this kernel: SoftRoCE between namespaces needs rdma_rxe on Linux 7.1 or later "
-                        "(rxe works in a non-initial namespace from 7.1 on; Debian's 6.1/6.12 kernels do not), or one "
-                        "stage per real machine that has rxe ('testbed remote')"))
+    support = rxe_in_namespaces()
+    probes.append(Probe("rdma_rxe", support.ok, support.reason if support.ok else
+                        f"{support.reason}; routes: {ROUTES}"))
+    probes.append(_binary_probe("ibv_devinfo", "ibverbs-utils"))
     ovs = _module_available("openvswitch")
     probes.append(Probe("ovs datapath", ovs, "openvswitch module present" if ovs else
                         "no openvswitch kernel module: OVS only with datapath=user"))
@@ -80,9 +80,12 @@ def _machine_probes() -> list[Probe]:
     vng = vm.find_vng()        # where `testbed vm` looks: beside this interpreter (the venv), then PATH
     probes.append(Probe("vng", vng is not None, str(vng) if vng else "not found (make install: pip virtme-ng)"))
     kernels = vm.stock_kernels()
+    booted = vm.kernel_release(kernels[-1]) if kernels else ""
+    rxe_there = kernel_version(booted) >= NETNS_RXE_KERNEL
     probes.append(Probe("stock kernel image", bool(kernels),
-                        f"testbed vm boots {kernels[-1]}" if kernels
-                        else f"none in /boot besides the running one (apt-get install {vm.kernel_package()})"))
+                        f"testbed vm boots {kernels[-1]} (rxe in namespaces: {'yes' if rxe_there else 'no, < 7.1'})"
+                        if kernels else f"none in /boot besides the running one (apt-get install "
+                                        f"{vm.kernel_package()}; scripts/install-stock-kernel.sh for 7.x)"))
     probes.append(_package_probe("torch"))
     probes.append(_package_probe("numpy"))
     return probes
@@ -118,8 +121,8 @@ def decide(probes: dict[str, Probe]) -> Decision:
         reasons.append("backend mininet unavailable: " + (probes["mininet"].detail if not probes["mininet"].ok
                                                           else probes["mnexec"].detail))
     rdma = "rxe" if probes["rdma_rxe"].ok else "unavailable"
-    if rdma == "unavailable":
-        reasons.append("rdma unavailable: " + probes["rdma_rxe"].detail)
+    reasons.append("transport rdma (--transport rdma|auto): " + probes["rdma_rxe"].detail if rdma == "rxe"
+                   else "transport rdma unavailable (--transport auto takes tcp): " + probes["rdma_rxe"].detail)
     return Decision(backend=backend, shaper=shaper, transport=transport, rdma=rdma, reasons=reasons)
 
 

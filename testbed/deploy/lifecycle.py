@@ -6,12 +6,14 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from testbed.backends.base import Backend, BackendError
 from testbed.backends.registry import BACKENDS, backend_for
 from testbed.plan import Plan, build_plan
+from testbed.rdma import softroce
+from testbed.rdma.support import rxe_in_namespaces
 from testbed.shaping.registry import SHAPERS, resolve
 from testbed.state import store as statefile
 from testbed.state.records import MininetRecord, ShaperRecord
@@ -32,13 +34,22 @@ class UpResult:
 
 
 def up(topology_path: Path, name: str | None = None, backend: str = "netns", shaper: str = "auto",
-       switch: str = "auto") -> UpResult:
-    """Validate, plan, deploy and shape. On any failure or interrupt, nothing is left behind.
+       switch: str = "auto", rdma: str | None = None) -> UpResult:
+    """Validate, plan, deploy and shape, then give every host an rxe device where the topology (or `rdma`)
+    asks for SoftRoCE. On any failure or interrupt, nothing is left behind.
 
     `switch` picks Mininet's DC switch (auto, linuxbridge, ovs, ovs-user); the netns backend has none.
     """
     shaper_name = resolve(shaper)
     topology: Topology = load_topology(topology_path)
+    if rdma is not None and rdma != topology.rdma:
+        if rdma not in ("none", "softroce"):
+            raise BackendError(f"unknown --rdma {rdma!r}; choose none or softroce")
+        topology = replace(topology, rdma=rdma)
+        if rdma == "softroce":
+            softroce.check_topology(topology)
+    if topology.rdma == "softroce":
+        rxe_in_namespaces().require()
     plan = build_plan(topology, name)
     if backend not in BACKENDS:
         raise BackendError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
@@ -62,10 +73,12 @@ def up(topology_path: Path, name: str | None = None, backend: str = "netns", sha
             if shaper_name in SHAPERS:
                 SHAPERS[shaper_name](made).apply(plan)
             state.save()
+            if plan.rdma == "softroce":
+                softroce.attach(made, plan)
         except BaseException:
             with cleanup():
                 if state.path.exists():       # a backend that failed mid-deploy has already removed its own
-                    made.destroy()
+                    _destroy(made)
             raise
         return UpResult(plan=plan, seconds=deployed, shaped_seconds=time.perf_counter() - started - deployed,
                         shaper=shaper_name)
@@ -77,8 +90,19 @@ def down(name: str) -> float:
         if not statefile.exists(name):
             raise BackendError(f"no testbed named {name!r} is up; 'testbed status' lists them")
         started = time.perf_counter()
-        backend_for(TestbedState.load(name)).destroy()
+        _destroy(backend_for(TestbedState.load(name)))
         return time.perf_counter() - started
+
+
+def _destroy(backend: Backend) -> None:
+    """Remove the rxe devices first (by name), then everything else; devices still registered are an error."""
+    rdma = backend.state.rdma
+    softroce.detach(backend)
+    backend.destroy()
+    left = softroce.leftover(rdma) if rdma else []
+    if left:
+        raise BackendError(f"rxe devices still registered after down: {', '.join(left)} (remove them with "
+                           "'rdma link delete NAME')")
 
 
 def resolve_name(name: str | None) -> str:
@@ -123,7 +147,8 @@ def hosts_of(target: str) -> list[tuple[str, str]]:
 
 @contextmanager
 def testbed_for(target: str, *, name: str | None = None, backend: str = "netns", shaper: str = "auto",
-                switch: str = "auto", log: Callable[[str], None] = print) -> Iterator[Backend]:
+                switch: str = "auto", rdma: str | None = None,
+                log: Callable[[str], None] = print) -> Iterator[Backend]:
     """The backend of the running testbed named `target`, or of a topology (file or shipped name) brought up
     for the block and removed after it, also when the block fails or SIGTERM/SIGHUP/Ctrl-C interrupt it."""
     if statefile.exists(target):
@@ -133,7 +158,7 @@ def testbed_for(target: str, *, name: str | None = None, backend: str = "netns",
     owned = name or load_topology(path).name
     with unwinding():
         try:
-            result = up(path, owned, backend=backend, shaper=shaper, switch=switch)
+            result = up(path, owned, backend=backend, shaper=shaper, switch=switch, rdma=rdma)
             raise_if_pending()
             log(f"testbed {owned} up ({result.shaper}); it is removed after the run")
             yield open_backend(owned)

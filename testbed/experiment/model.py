@@ -50,8 +50,9 @@ MODELLED = ("gpipe", "1f1b", "1f1b-prefetch", "geopipe", "torch-gpipe", "torch-1
 
 def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: list[float],
             link_rate_bps: list[float], memory_budget: str | None = None,
-            message_overhead_s: float = 0.0) -> tuple[Prediction, S.GeoPipeSizing | None]:
-    """The model's run of `schedule` (one of MODELLED) at these links and budget."""
+            message_overhead_s: float = 0.0, transport: str = "tcp") -> tuple[Prediction, S.GeoPipeSizing | None]:
+    """The model's run of `schedule` (one of MODELLED) at these links and budget, over gloo's receiver-driven
+    TCP or sender-driven RDMA (`transport`)."""
     stages = len(times.forward_s)
     bytes_per_s = [r / 8 for r in link_rate_bps]
     geo = None
@@ -63,7 +64,7 @@ def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: l
                            backward_s=times.backward_s, stash_bytes=times.stash_bytes, budget_bytes=budgets)
     sched = S.build(schedule.removeprefix("torch-"), stages, microbatches, geo)
     costs = Costs(times.forward_s, times.backward_s, link_delay_s, bytes_per_s, times.activation_bytes,
-                  max(times.stash_bytes), message_overhead_s, times.dispatch_s)
+                  max(times.stash_bytes), message_overhead_s, times.dispatch_s, receiver_driven=transport != "rdma")
     return simulate(sched, costs), geo
 
 

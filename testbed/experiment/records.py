@@ -50,6 +50,9 @@ class ExperimentSpec:
     backend: str = "netns"
     switch: str = "auto"
     """Mininet's DC switch (backend mininet only)."""
+    transports: list[str] = field(default_factory=lambda: ["tcp"])
+    """With more than tcp: a transport sweep at the focus, our schedules over each transport in turn (rdma needs
+    rxe in namespaces; the testbed then comes up with `rdma: softroce`)."""
 
     @property
     def headline_schedules(self) -> list[str]:
@@ -90,6 +93,8 @@ class Point:
     """No packet was lost on a lossless link during the run."""
     lost_packets: int = 0
     daemon_restarts: int = 0
+    transport: str = "tcp"
+    """tcp (gloo) or rdma (RC queue pairs over SoftRoCE): what the run's workers used, and what the model assumed."""
 
     @property
     def bubble(self) -> float | None:

@@ -149,6 +149,18 @@ def rate_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
             "step s 1f1b-prefetch (model)", "bubble geopipe (model)", "step s geopipe (model)"], rows
 
 
+def transport_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
+    """The transport sweep: each of our schedules over gloo's TCP and over RDMA on the same link, the model told
+    which transport ran (receiver-driven TCP pays a round trip per just-in-time receive, RDMA does not)."""
+    rows = []
+    for p in record.sweep("transport"):
+        m = p.measured
+        rows.append([p.schedule, p.transport, "-" if p.bubble is None else f"{p.bubble:.3f}",
+                     "-" if p.predicted_bubble is None else f"{p.predicted_bubble:.3f}", f"{m.step_time_s:.3f}",
+                     "-" if p.predicted_step_s is None else f"{p.predicted_step_s:.3f}", f"{m.tokens_per_s:.0f}"])
+    return ["schedule", "transport", "bubble vs ref", "model bubble", "step s", "model step s", "tokens/s"], rows
+
+
 def headline(record: ExperimentRecord) -> list[str]:
     f = record.focus_table()
     lines = []
@@ -248,6 +260,7 @@ def write_report(exp_dir: Path) -> tuple[Path, Path]:
     headers, rows, notes = distance_rows(record)
     bh, br = budget_rows(record)
     rh, rr = rate_rows(record)
+    th, tr = transport_rows(record)
     images = sorted(p.name for p in exp_dir.glob("*.png"))
     parts = [f"# GeoPipe experiment {record.id}", "", *[f"- {line}" for line in headline(record)], "",
              f"## At {record.spec.focus_km:g} km, budget {record.spec.memory_budget or 'none'}", "",
@@ -263,6 +276,10 @@ def write_report(exp_dir: Path) -> tuple[Path, Path]:
     if rr:
         parts += [f"## Link rate at {record.spec.focus_km:g} km", "", "Where one transfer outlasts a micro-batch's "
                   "compute, the link is the bottleneck and overlap cannot pay.", "", _md_table(rh, rr), ""]
+    if tr:
+        parts += [f"## Transport at {record.spec.focus_km:g} km", "", "The same schedules over gloo's TCP (a send "
+                  "waits for the receive) and over RDMA (RC writes into the receiver's slots), one after the other on "
+                  "the same link; the model is told which transport ran.", "", _md_table(th, tr), ""]
     parts += ["## Plots", "", *[f"![{name}]({name})" for name in images], "",
               "Files: `summary.json` (everything), `points.csv`, `topology.yaml`, `plan.json`, `environment.json`, "
               "`model_inputs.json`, `runs/*/summary.json` and `runs/*/trace.json` (chrome://tracing, Perfetto)."]

@@ -38,6 +38,7 @@ from testbed.experiment.model import (
 from testbed.experiment.records import ExperimentRecord, ExperimentSpec, ModelPrediction, Point
 from testbed.plan.model import LinkDirection
 from testbed.probe.latency import round_trip
+from testbed.rdma.support import rxe_in_namespaces
 from testbed.run.runner import RunOptions, run_schedules, stage_links
 from testbed.topology import load_topology
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
@@ -66,6 +67,7 @@ class Setting:
     repetition: int = 0
     budget: str | None = None
     """In-flight budget (bytes or 1f1b+N) for the schedules in BUDGETED."""
+    transport: str = "tcp"
 
     @property
     def applied_budget(self) -> str | None:
@@ -74,8 +76,9 @@ class Setting:
     @property
     def label(self) -> str:
         budget = f"-b{self.applied_budget}" if self.applied_budget else ""
+        over = "" if self.transport == "tcp" else f"-{self.transport}"
         return (f"{self.sweep}-{self.km:g}km-{self.rate_bps / 1e6:g}mbit-m{self.microbatches}-{self.schedule}"
-                f"-r{self.repetition}{budget}")
+                f"-r{self.repetition}{budget}{over}")
 
 
 class Experiment:
@@ -133,6 +136,9 @@ class Experiment:
                 for r in s.rates_mbit for schedule in ("1f1b-prefetch", "geopipe")]
         out += [Setting("microbatches", s.focus_km, rate, m, schedule, budget=budget)
                 for m in s.microbatch_counts for schedule in ("1f1b-prefetch", "geopipe")]
+        if s.transports != ["tcp"]:
+            out += [Setting("transport", s.focus_km, rate, s.microbatches, schedule, budget=budget, transport=t)
+                    for schedule in s.schedules for t in s.transports]
         return out
 
     def missing(self) -> list[Setting]:
@@ -153,8 +159,11 @@ class Experiment:
                  + (f" (resuming: {len(self.points)} points measured, {len(self.missing())} to go)" if self.resumed else ""))
         backend: Backend | None = None
         try:
+            rdma = "softroce" if "rdma" in s.transports else None
+            if rdma:
+                rxe_in_namespaces().require()
             with lifecycle.testbed_for(str(self.dir / "topology.yaml"), name=name, backend=s.backend, switch=s.switch,
-                                       log=lambda _m: None) as backend:
+                                       rdma=rdma, log=lambda _m: None) as backend:
                 self._verify(backend)
                 (self.dir / "plan.json").write_text(json.dumps(backend.state.plan.to_json(), indent=1))
                 self._sweeps(backend)
@@ -201,12 +210,13 @@ class Experiment:
         s = self.spec
         budget = setting.applied_budget
         options = RunOptions(schedules=[setting.schedule], microbatches=setting.microbatches, iterations=s.iterations,
-                             model=s.model, memory_budget=budget)
+                             model=s.model, memory_budget=budget, transport=setting.transport)
         elapsed = time.monotonic() - self.started + self.seconds_before
         self.log(f"[{elapsed:5.0f} s] {setting.sweep}: {setting.km:g} km, {setting.rate_bps / 1e6:g} Mbit/s, "
                  f"m={setting.microbatches}, {setting.schedule}"
                  + (f", budget {budget}" if budget else "")
-                 + (f", repetition {setting.repetition + 1}" if setting.repetition else ""))
+                 + (f", repetition {setting.repetition + 1}" if setting.repetition else "")
+                 + (f", over {setting.transport}" if setting.sweep == "transport" else ""))
         run_dir, summary = run_schedules(backend, options, self.dir / "runs", run_id=setting.label, log=lambda _m: None)
         measured = summary.schedules[0]
         if self.times is None and setting.schedule == "1f1b" and setting.km == 0:
@@ -216,7 +226,8 @@ class Experiment:
                       repetition=setting.repetition, memory_budget=budget, rtt_s=rtt, measured=measured,
                       predicted_bubble=None, predicted_step_s=None, run_dir=str(run_dir), label=setting.label,
                       lossless_ok=summary.lossless_ok, daemon_restarts=summary.daemon_restarts,
-                      lost_packets=sum(lk.drops_during_run or 0 for lk in summary.links if lk.lossless))
+                      lost_packets=sum(lk.drops_during_run or 0 for lk in summary.links if lk.lossless),
+                      transport=setting.transport)
         self._predict(backend, point)
         self.points.append(point)
         self.log(f"        bubble {point.bubble:.3f}"
@@ -252,7 +263,7 @@ class Experiment:
         delays = [point.delay_s if c else 0.0 for c in crossing]
         rates = [point.rate_bps if c else f for c, f in zip(crossing, fabric, strict=True)]
         pred, _ = predict(point.schedule, self.times, point.microbatches, delays, rates, point.memory_budget,
-                          self.overhead_s)
+                          self.overhead_s, transport=point.transport)
         point.predicted_bubble, point.predicted_step_s = bubble_vs_reference(pred, self.times), pred.iteration_s
 
     def _write(self, backend: Backend | None, stopped: str | None = None) -> None:
@@ -264,7 +275,8 @@ class Experiment:
                "mininet": state.mininet.to_json() if state and state.mininet else None,
                "shaper": state.shaper_name if state else "none",
                "shaper_calibration_s": state.shaper.calibration_s if state and state.shaper else None,
-               "transport": "gloo-tcp", "versions": _versions(), "cpus": os.cpu_count(),
+               "transport": " + ".join({"tcp": "gloo-tcp", "rdma": "rdma-rc (SoftRoCE)"}.get(t, t)
+                                        for t in self.spec.transports), "versions": _versions(), "cpus": os.cpu_count(),
                "seconds": time.monotonic() - self.started + self.seconds_before}
         (self.dir / "environment.json").write_text(json.dumps(env, indent=1))
         predictions = []

@@ -18,6 +18,8 @@ ETH_OVERHEAD = 14
 MIN_TCP_BUFFER = 6 * 1024 * 1024
 MIN_QUEUE_PACKETS = 1000
 FABRIC_MTU = 1500
+RDMA_FABRIC_MTU = 9000
+"""Fabric MTU where the topology asks for SoftRoCE: rxe takes RDMA MTU 4096 from a 9000-byte netdev."""
 
 COMMON_SYSCTLS = (
     ("net.ipv6.conf.all.disable_ipv6", "1"),
@@ -58,6 +60,7 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
                     ("net.ipv4.tcp_wmem", f"4096 16384 {tcp_buffer}"))
     # net.core.[rw]mem_max are read-only outside the root namespace (they cap SO_RCVBUF/SO_SNDBUF only);
     # TCP autotuning is bounded by tcp_rmem/tcp_wmem, which are per namespace.
+    fabric_mtu = RDMA_FABRIC_MTU if topology.rdma == "softroce" else FABRIC_MTU
     nodes: list[Node] = []
     veths: list[Veth] = []
     otn_addr = _otn_addresses(topology)
@@ -70,12 +73,12 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
             address = ipaddress.IPv4Interface(f"{subnet.network_address + FIRST_HOST_OCTET + i}/{subnet.prefixlen}")
             nodes.append(Node(
                 name=host, dc=dc.name, role="host", netns=netns_name(name, host),
-                interfaces=(Interface(HOST_IFNAME, address, FABRIC_MTU),),
+                interfaces=(Interface(HOST_IFNAME, address, fabric_mtu),),
                 routes=(Route(ipaddress.IPv4Network("0.0.0.0/0"), gateway, HOST_IFNAME),),
                 sysctls=host_sysctls))
-            veths.append(Veth("fabric", host, HOST_IFNAME, rtr, ports[i], FABRIC_MTU))
-        interfaces = [Interface(BRIDGE_IFNAME, ipaddress.IPv4Interface(f"{gateway}/{subnet.prefixlen}"), FABRIC_MTU)]
-        interfaces += [Interface(p, None, FABRIC_MTU) for p in ports]
+            veths.append(Veth("fabric", host, HOST_IFNAME, rtr, ports[i], fabric_mtu))
+        interfaces = [Interface(BRIDGE_IFNAME, ipaddress.IPv4Interface(f"{gateway}/{subnet.prefixlen}"), fabric_mtu)]
+        interfaces += [Interface(p, None, fabric_mtu) for p in ports]
         for link in topology.links_of(dc.name):
             interfaces.append(Interface(otn_ifname(link.index), otn_addr[(link.index, dc.name)], link.mtu))
         routes = _router_routes(topology, dc.name, paths[dc.name], otn_addr, gateway)
@@ -103,7 +106,7 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
                   for lk in topology.links if lk.scale is not None and lk.real_rate_bps)
     return Plan(testbed=name, topology=topology.name, source=topology.source, nodes=tuple(nodes),
                 veths=tuple(veths), directions=tuple(directions), tcp_buffer_bytes=tcp_buffer, paths=paths, notes=notes,
-                fabrics={dc.name: dc.fabric for dc in topology.datacenters})
+                fabrics={dc.name: dc.fabric for dc in topology.datacenters}, rdma=topology.rdma)
 
 
 def delay_queue_packets(rate_bps: float, delay_s: float, jitter_s: float, mtu: int) -> int:

@@ -149,6 +149,8 @@ class Plan:
     paths: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     """Shortest-delay DC path for every (src DC, dst DC)."""
     notes: tuple[str, ...] = ()
+    rdma: str = "none"
+    """`softroce`: bring-up gives every host an rxe device (testbed/rdma/softroce.py)."""
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -207,7 +209,7 @@ class Plan:
                    fabrics={dc: Fabric(float(f["rate_bps"]), float(f["latency_s"]))
                             for dc, f in data.get("fabrics", {}).items()},
                    paths={src: {dst: list(p) for dst, p in by.items()} for src, by in data.get("paths", {}).items()},
-                   notes=tuple(data.get("notes", ())))
+                   notes=tuple(data.get("notes", ())), rdma=str(data.get("rdma", "none")))
 
 
 def _jsonable(value: Any) -> Any:

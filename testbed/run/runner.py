@@ -29,6 +29,8 @@ from testbed.plan.model import Node, Plan
 from testbed.run import metrics
 from testbed.run.placement import PlacementError, place_stages
 from testbed.run.summary import LinkRecord, RunSummary, StageLink, StagePlacement
+from testbed.run.transport import TransportChoice, TransportError
+from testbed.run.transport import choose as choose_transport
 from testbed.shaping.delayline_shaper import DelaylineShaper
 from testbed.shaping.registry import shaper_for
 from testbed.state.records import ProcessRecord
@@ -72,6 +74,10 @@ class RunOptions:
     seed: int = 1234
     dump_gradients: bool = False
     """Each rank writes its last iteration's gradients (grads-rank-<r>.pt) beside its trace."""
+    transport: str = "tcp"
+    """tcp (gloo), rdma (SoftRoCE / RDMA NIC; fails when missing) or auto (rdma where possible, says why not)."""
+    rdma_slots: int = 4
+    """RDMA receive slots per neighbour: how many messages a sender may push before the receiver takes them."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.schedules if s not in ALL_SCHEDULES]
@@ -124,9 +130,10 @@ def stage_links(plan: Plan, hosts: list[Node]) -> list[StageLink]:
 
 def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: list[Node], out_dir: Path,
                  progress: Callable[[dict[str, Any]], None] | None = None,
-                 monitor: LoadMonitor | None = None) -> list[RankTrace]:
+                 monitor: LoadMonitor | None = None, transport: TransportChoice | None = None) -> list[RankTrace]:
     """Run one schedule to completion on `hosts`; return the per-rank traces."""
     links = stage_links(backend.state.plan, hosts)
+    transport = transport or TransportChoice("tcp", "default")
     master = hosts[0].ip(HOST_IFNAME)
     port = free_port(backend, hosts[0].name, master)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,7 +147,10 @@ def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: li
                 iterations=options.iterations, model=options.model, split=options.split,
                 link_delay_s=[lk.delay_s for lk in links], link_rate_bps=[lk.rate_bps for lk in links],
                 memory_budget=options.memory_budget, lr=options.lr, seed=options.seed, out_dir=str(out_dir),
-                cpu=rank % cpus, timeout_s=max(60.0, options.hang_timeout_s), dump_gradients=options.dump_gradients)
+                cpu=rank % cpus, timeout_s=max(60.0, options.hang_timeout_s), dump_gradients=options.dump_gradients,
+                transport=transport.name, rdma_slots=options.rdma_slots, rdma_mtu=transport.path_rdma_mtu,
+                rdma_device=transport.devices[rank].name if transport.devices else "",
+                rdma_gid_index=transport.devices[rank].gid_index if transport.devices else -1)
             path = out_dir / f"worker-{rank}.json"
             path.write_text(json.dumps(config.to_json(), indent=1))
             log = out_dir / f"worker-{rank}.log"
@@ -230,6 +240,11 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     plan = backend.state.plan
     hosts = options.hosts(plan)
     options.check_stages(len(hosts))
+    try:
+        transport = choose_transport(options.transport, plan, backend.state.rdma, hosts, options.schedules)
+    except TransportError as exc:
+        raise RunError(str(exc)) from None
+    log(f"transport {transport.name}: {transport.reason}")
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{'-'.join(options.schedules)}"
     run_dir = results_root / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -259,7 +274,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         for attempt in range(MAX_REPEATS + 1):
             monitor = LoadMonitor(daemons_cpu(shaper, tuple(sorted({d.dst_node for d in plan.directions}))))
             where = run_dir / (schedule if attempt == 0 else f"{schedule}-repeat{attempt}")
-            ranks = run_schedule(backend, schedule, options, hosts, where, progress, monitor)
+            ranks = run_schedule(backend, schedule, options, hosts, where, progress, monitor, transport)
             measured = metrics.summarize(schedule, ranks, tokens)
             measured.host_load = monitor.finish()
             if best is None or measured.host_load.lost_fraction < best[1].host_load.lost_fraction:
@@ -294,7 +309,9 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         shaper=backend.state.shaper_name, backend=backend.name,
         switch=backend.state.mininet.switch if backend.state.mininet else None,
         shaper_calibration_s=dict(backend.state.shaper.calibration_s) if backend.state.shaper else {},
-        transport="gloo-tcp", kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed,
+        transport=_describe(transport, traces), transport_reason=transport.reason,
+        transport_detail={s: [r.transport_detail for r in ranks] for s, ranks in traces.items() if transport.devices},
+        kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed,
         workers=len(hosts), delay_daemons=daemons, options=asdict(options), schedules=summaries,
         daemon_restarts=_restarts(shaper) - restarts_before)
     (run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=1))
@@ -306,6 +323,20 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
             + (f" ({summary.daemon_restarts} delay daemon restart(s))" if summary.daemon_restarts else "")
             + ": this run is not lossless (summary.json: lossless_ok false, links[].drops_during_run)")
     return run_dir, summary
+
+
+def _describe(choice: TransportChoice, traces: dict[str, list[RankTrace]]) -> str:
+    """`gloo-tcp`, or `rdma-rc (SoftRoCE, QPs per link 1/2, RDMA MTU 4096)` from what the ranks set up."""
+    if choice.name != "rdma":
+        return "gloo-tcp"
+    qps, mtus = set(), set()
+    for ranks in traces.values():
+        for r in ranks:
+            for peer in r.transport_detail.get("peers", {}).values():
+                qps.add(peer["qps"])
+                mtus.add(peer["rdma_mtu"])
+    return (f"rdma-rc (SoftRoCE, QPs per link {'/'.join(map(str, sorted(qps)))}, RDMA MTU "
+            f"{'/'.join(map(str, sorted(mtus)))})")
 
 
 def _keep_attempt(canonical: Path, kept: Path) -> None:

@@ -142,6 +142,10 @@ class RunSummary:
     options: dict[str, Any]
     """The run's options (RunOptions as JSON)."""
     schedules: list[ScheduleSummary] = field(default_factory=list)
+    transport_reason: str = ""
+    """Why this transport (`--transport auto` says why not RDMA)."""
+    transport_detail: dict[str, Any] = field(default_factory=dict)
+    """RDMA only: per schedule, per rank, the QPs, RDMA MTU, ACK timeout and slot pool to each neighbour."""
     daemon_restarts: int = 0
     """Delay daemons that died during the run and were started again (their lost packets are in `links`)."""
 

@@ -108,3 +108,35 @@ class MininetRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MininetRecord:
         return cls(**{**data, "switches": [SwitchLayout(**sw) for sw in data.get("switches", [])]})
+
+
+@dataclass(slots=True)
+class RxeDevice:
+    """One SoftRoCE device on a host's interface, inside the host's namespace."""
+
+    node: str
+    name: str
+    netdev: str
+    gid_index: int = -1
+    """The IPv4-mapped GID (RoCEv2) of the interface's address; -1 until checked."""
+    gid: str = ""
+    active_mtu: int = 0
+    """RDMA MTU the port runs at (from the netdev MTU)."""
+
+
+@dataclass(slots=True)
+class RdmaRecord:
+    """What `rdma: softroce` created; recorded before each device exists."""
+
+    kind: str = "softroce"
+    devices: list[RxeDevice] = field(default_factory=list)
+
+    def device_of(self, node: str) -> RxeDevice | None:
+        return next((d for d in self.devices if d.node == node), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RdmaRecord:
+        return cls(kind=data.get("kind", "softroce"), devices=[RxeDevice(**d) for d in data.get("devices", [])])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from testbed.plan.model import Plan
-from testbed.state.records import MininetRecord, ProcessRecord, ShaperRecord
+from testbed.state.records import MininetRecord, ProcessRecord, RdmaRecord, ShaperRecord
 
 Phase = Literal["creating", "up", "destroying"]
 
@@ -46,6 +46,8 @@ class TestbedState:
     shaper: ShaperRecord | None = None
     mininet: MininetRecord | None = None
     """Mininet backend only."""
+    rdma: RdmaRecord | None = None
+    """SoftRoCE devices (topology `rdma: softroce` or `--rdma softroce`)."""
 
     @property
     def path(self) -> Path:
@@ -61,7 +63,8 @@ class TestbedState:
                 "netns": list(self.netns), "processes": [p.to_json() for p in self.processes],
                 "plan": self.plan.to_json(),
                 "shaper": self.shaper.to_json() if self.shaper else None,
-                "mininet": self.mininet.to_json() if self.mininet else None}
+                "mininet": self.mininet.to_json() if self.mininet else None,
+                "rdma": self.rdma.to_json() if self.rdma else None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TestbedState:
@@ -75,7 +78,8 @@ class TestbedState:
                    processes=[ProcessRecord.from_json(p) for p in data.get("processes", [])],
                    plan=Plan.from_json(data["plan"]),
                    shaper=ShaperRecord.from_json(shaper) if shaper else None,
-                   mininet=MininetRecord.from_json(mininet) if mininet else None)
+                   mininet=MininetRecord.from_json(mininet) if mininet else None,
+                   rdma=RdmaRecord.from_json(data["rdma"]) if data.get("rdma") else None)
 
     def save(self) -> None:
         """Atomically replace the state file (write, fsync, rename)."""

@@ -31,7 +31,10 @@ from testbed.util import units
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,27}$")
 NAME_RULE = "names are 1-28 characters of a-z, 0-9 and '-', starting with a letter or digit"
 
-TOP_KEYS = {"name", "description", "defaults", "datacenters", "links", "addressing"}
+TOP_KEYS = {"name", "description", "defaults", "datacenters", "links", "addressing", "rdma"}
+RDMA_KINDS = ("none", "softroce")
+RDMA_MIN_LINK_MTU = 1100
+"""RoCE needs an RDMA MTU of at least 1024 plus its headers on every OTN hop."""
 DEFAULT_KEYS = {"fabric", "link"}
 FABRIC_KEYS = {"rate", "latency"}
 DC_KEYS = {"hosts", "fabric", "link"}
@@ -193,10 +196,24 @@ def _build(raw: Any, check: _Checker, source: str) -> Topology | None:
     links, pairs = _build_links(top.get("links"), dcs, link_default, dc_link_defaults, check)
     _check_connected(dcs, pairs, check)
     base = _build_addressing(top.get("addressing"), len(dcs), len(links), check)
+    rdma = _build_rdma(top.get("rdma", "none"), links, check)
     if check.problems or name is None or base is None:
         return None
     return Topology(name=name, description=description, source=source, datacenters=tuple(dcs),
-                    links=tuple(links), address_base=base)
+                    links=tuple(links), address_base=base, rdma=rdma)
+
+
+def _build_rdma(raw: Any, links: list[OtnLink], check: _Checker) -> str:
+    """`rdma: softroce` gives every host an rxe device; RoCE frames must fit every OTN link's MTU."""
+    if raw not in RDMA_KINDS:
+        check.add("rdma", f"unknown RDMA kind {raw!r}", f"use one of: {', '.join(RDMA_KINDS)}")
+        return "none"
+    if raw == "softroce":
+        for link in links:
+            if link.mtu < RDMA_MIN_LINK_MTU:
+                check.add(f"links[{link.index}].mtu", f"MTU {link.mtu} is too small for RoCE (rdma: softroce)",
+                          f"use mtu: {RDMA_MIN_LINK_MTU} or more (9000 carries RDMA MTU 4096)")
+    return str(raw)
 
 
 def _build_datacenters(raw: Any, fabric_default: dict[str, Any], check: _Checker

@@ -91,6 +91,8 @@ class Topology:
     datacenters: tuple[Datacenter, ...]
     links: tuple[OtnLink, ...]
     address_base: ipaddress.IPv4Network
+    rdma: str = "none"
+    """`softroce`: every host gets an rxe device on its interface at bring-up (testbed/rdma)."""
 
     def dc(self, name: str) -> Datacenter:
         for dc in self.datacenters:

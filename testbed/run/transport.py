@@ -1,0 +1,79 @@
+"""Which transport a run's workers use: `--transport tcp|rdma|auto`, decided against the testbed.
+
+RDMA needs an rxe device on every stage's host (the testbed was brought up with `rdma: softroce`), a kernel on
+which rxe works inside namespaces, and one of our schedules (PyTorch's schedules call torch.distributed's
+gloo directly). `auto` takes RDMA where all of that holds and says why not otherwise; `rdma` fails before any
+worker starts, naming the missing piece and the routes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from testbed.plan.model import Node, Plan
+from testbed.rdma.softroce import rdma_mtu_for
+from testbed.rdma.support import ROUTES, rxe_in_namespaces
+from testbed.state.records import RdmaRecord, RxeDevice
+
+TRANSPORTS = ("tcp", "rdma", "auto")
+
+
+class TransportError(RuntimeError):
+    """`--transport rdma` cannot run here; the message names what is missing."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransportChoice:
+    name: str
+    """tcp or rdma."""
+    reason: str
+    devices: list[RxeDevice] = field(default_factory=list)
+    """Per stage, its host's rxe device (rdma only)."""
+    path_rdma_mtu: list[int] = field(default_factory=list)
+    """Per stage boundary, the largest RDMA MTU the path carries."""
+
+
+def rdma_missing(plan: Plan, record: RdmaRecord | None, hosts: list[Node], schedules: list[str]) -> str:
+    """Why these stages cannot use RDMA ('' when they can)."""
+    support = rxe_in_namespaces()
+    if not support.ok:
+        return support.reason
+    if record is None:
+        return (f"testbed {plan.testbed} has no rxe devices (bring it up with 'rdma: softroce' in the topology or "
+                "'--rdma softroce')")
+    lacking = [h.name for h in hosts if record.device_of(h.name) is None]
+    if lacking:
+        return f"no rxe device on {', '.join(lacking)}"
+    torch = [s for s in schedules if s.startswith("torch-")]
+    if torch:
+        return f"{', '.join(torch)} call torch.distributed (gloo) directly: RDMA runs our schedules only"
+    return ""
+
+
+def path_mtus(plan: Plan, hosts: list[Node]) -> list[int]:
+    """Per stage boundary: the RDMA MTU that fits the smallest IP MTU on the way (both hosts' and the links')."""
+    result = []
+    for a, b in zip(hosts, hosts[1:], strict=False):
+        mtu = min(a.interfaces[0].mtu, b.interfaces[0].mtu)
+        path = plan.paths[a.dc][b.dc] if a.dc != b.dc else [a.dc]
+        for here, nxt in zip(path, path[1:], strict=False):
+            mtu = min(mtu, plan.direction(here, nxt).mtu)
+        result.append(rdma_mtu_for(mtu))
+    return result
+
+
+def choose(requested: str, plan: Plan, record: RdmaRecord | None, hosts: list[Node],
+           schedules: list[str]) -> TransportChoice:
+    if requested not in TRANSPORTS:
+        raise TransportError(f"unknown --transport {requested!r}; choose one of: {', '.join(TRANSPORTS)}")
+    if requested == "tcp":
+        return TransportChoice("tcp", "asked for (--transport tcp)")
+    missing = rdma_missing(plan, record, hosts, schedules)
+    if missing:
+        if requested == "rdma":
+            raise TransportError(f"--transport rdma cannot run: {missing}. Routes: {ROUTES}")
+        return TransportChoice("tcp", f"--transport auto took tcp: {missing}")
+    assert record is not None
+    devices = [record.device_of(h.name) for h in hosts]
+    return TransportChoice("rdma", f"every stage has an rxe device ({requested})",
+                           devices=[d for d in devices if d is not None], path_rdma_mtu=path_mtus(plan, hosts))
