@@ -63,7 +63,8 @@ def verify_basic(plan: Plan) -> VerifyReport:
 
 
 def verify_testbed(backend: Backend, level: str = "full", probes: int = 10) -> VerifyReport:
-    """`quick`: routes, reachability, shaper health, delays, drops. `full` adds TCP throughput per direction."""
+    """`quick`: routes, reachability, shaper health, delays, drops, and with rxe devices the RDMA round trip and
+    goodput per link. `full` adds TCP throughput per direction."""
     shaper = shaper_for(backend)
     report = verify_basic(backend.state.plan)
     report.checks += links.check_health(shaper, backend.state.shaper_name)
@@ -71,4 +72,8 @@ def verify_testbed(backend: Backend, level: str = "full", probes: int = 10) -> V
     if level == "full":
         report.checks += links.check_throughput(backend, shaper)
     report.checks += links.check_drops(shaper)
+    if backend.state.rdma:
+        from testbed.check.rdma import check_rdma
+
+        report.checks += check_rdma(backend)
     return report

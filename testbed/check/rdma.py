@@ -1,0 +1,122 @@
+"""RDMA verification per OTN link: round trip and goodput over the hosts' rxe devices, with the same endpoint
+the workers use (testbed/rdma/probe.py), against the link's configured delays and rate.
+
+Per link, the first host of each DC: ping-pongs of 64 B give the round trip (compared with the sum of both
+directions' delays, after subtracting the probe's own round trip measured on the sending host over its own
+rxe device: the verbs, rxe and Python work that no link causes), then back-to-back 256 KiB messages each way
+give the goodput (compared with the rate, less RoCEv2's headers). Under QEMU TCG the guest's own stalls add
+milliseconds; the tolerance says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from testbed.backends.base import Backend
+from testbed.backends.vm import in_vm
+from testbed.check.checks import Check
+from testbed.plan.model import LinkDirection, Node
+from testbed.rdma.softroce import ROCE_OVERHEAD, rdma_mtu_for
+from testbed.util import units
+from testbed.util.paths import REPO_ROOT
+
+PROBE_PORT = 18515
+BULK_BYTES = 256 * 1024
+RTT_SLACK_S = 0.002
+"""Above the configured round trip: the probe's own wake-ups (a host); 10 ms more under TCG."""
+TCG_EXTRA_SLACK_S = 0.010
+MIN_GOODPUT, MAX_GOODPUT = 0.80, 1.02
+TCG_MIN_GOODPUT = 0.50
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaProbeRun:
+    one_way_s: float
+    goodput_bps: float
+    qps: int
+    rdma_mtu: int
+
+
+def check_rdma(backend: Backend, count: int = 16, timeout_s: float = 120.0) -> list[Check]:
+    """One `rdma-rtt` check per OTN link and one `rdma-rate` per direction; none when the testbed has no rxe."""
+    plan = backend.state.plan
+    record = backend.state.rdma
+    if record is None:
+        return []
+    checks = []
+    seen = set()
+    tcg = in_vm()
+    own: dict[str, float] = {}
+    for d in plan.directions:
+        src, dst = _first_host(plan.hosts, d.src_dc), _first_host(plan.hosts, d.dst_dc)
+        if src is None or dst is None:
+            continue
+        reverse = plan.direction(d.dst_dc, d.src_dc)
+        rtt_s = d.delay_s + reverse.delay_s
+        run = probe(backend, src, dst, rtt_s, d, count=count, timeout_s=timeout_s)
+        if d.link not in seen:
+            seen.add(d.link)
+            if src.name not in own:
+                own[src.name] = 2 * probe(backend, src, src, 0.001, d, count=1, size=4096,
+                                          timeout_s=timeout_s).one_way_s
+            slack = RTT_SLACK_S + (TCG_EXTRA_SLACK_S if tcg else 0.0)
+            measured_rtt = 2 * run.one_way_s - own[src.name]
+            ok = 0.97 * rtt_s <= measured_rtt <= rtt_s + slack
+            checks.append(Check("rdma-rtt", f"{d.link} {src.name} <-> {dst.name}",
+                                f"{units.format_time(rtt_s)} -3 %/+{units.format_time(slack)}"
+                                + (" (TCG)" if tcg else ""),
+                                f"{units.format_time(measured_rtt)} (median of ping-pongs, less the probe's own "
+                                f"{units.format_time(own[src.name])} on {src.name}; {run.qps} QP, RDMA MTU "
+                                f"{run.rdma_mtu})", ok))
+        expected = d.rate_bps * run.rdma_mtu / (run.rdma_mtu + ROCE_OVERHEAD + 14)
+        fraction = run.goodput_bps / expected
+        low = TCG_MIN_GOODPUT if tcg else MIN_GOODPUT
+        checks.append(Check("rdma-rate", f"{d.link} {d.label}",
+                            f"{low:.0%}-{MAX_GOODPUT:.0%} of {units.format_rate(expected)} (RoCEv2 at RDMA MTU "
+                            f"{run.rdma_mtu} over {units.format_rate(d.rate_bps)})" + (" (TCG)" if tcg else ""),
+                            f"{units.format_rate(run.goodput_bps)} ({fraction:.1%} of expected)",
+                            low <= fraction <= MAX_GOODPUT))
+    return checks
+
+
+def probe(backend: Backend, src: Node, dst: Node, rtt_s: float, d: LinkDirection, *, count: int = 16,
+          size: int = BULK_BYTES, timeout_s: float = 120.0) -> RdmaProbeRun:
+    """The probe client on `src` against a server on `dst` (the same host: its own round trip); bulk goes
+    src -> dst."""
+    record = backend.state.rdma
+    assert record is not None
+    server_dev, client_dev = record.device_of(dst.name), record.device_of(src.name)
+    if server_dev is None or client_dev is None:
+        raise RuntimeError(f"no rxe device on {dst.name if server_dev is None else src.name}")
+    mtu = rdma_mtu_for(min(d.mtu, src.interfaces[0].mtu, dst.interfaces[0].mtu) if src != dst
+                       else src.interfaces[0].mtu)
+    common = ["--rtt", repr(rtt_s), "--rate", repr(d.rate_bps), "--mtu", str(mtu), "--size", str(size),
+              "--count", str(count), "--timeout", repr(timeout_s), "--port", str(PROBE_PORT)]
+    module = [sys.executable, "-m", "testbed.rdma.probe"]
+    env = {"PYTHONPATH": str(REPO_ROOT)}
+    server = backend.popen(dst.name, [*module, "serve", "--device", server_dev.name, "--gid-index",
+                                      str(server_dev.gid_index), *common], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert server.stdout is not None
+        server.stdout.readline()                   # {"listening": PORT}
+        client = backend.exec(src.name, [*module, "client", "--device", client_dev.name, "--gid-index",
+                                         str(client_dev.gid_index), "--server", f"{dst.ip()}:{PROBE_PORT}", *common],
+                              capture_output=True, text=True, timeout=timeout_s, env=env)
+        if client.returncode != 0:
+            raise RuntimeError(f"RDMA probe {src.name} -> {dst.name} failed: {(client.stderr or '').strip()[-800:]}")
+        result = json.loads(client.stdout.strip().splitlines()[-1])
+        server.wait(timeout=30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    return RdmaProbeRun(one_way_s=float(result["one_way_s"]), goodput_bps=float(result["goodput_bps"]),
+                        qps=int(result["qps"]), rdma_mtu=int(result["rdma_mtu"]))
+
+
+def _first_host(hosts: tuple[Node, ...], dc: str) -> Node | None:
+    return next((h for h in hosts if h.dc == dc), None)
