@@ -27,7 +27,7 @@ APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openv
 	rdma-core ibverbs-utils perftest python3-pyverbs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install apt stock-kernel test test-host test-unit multihost vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak cli clean
+.PHONY: demo install apt stock-kernel test test-host test-unit multihost vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport cli clean
 
 install: $(STAMP) stock-kernel
 
@@ -120,6 +120,10 @@ bench-verify: install
 # 30 minutes of continuous training across 4dc-ring on the delay line: drops, delay, daemon memory and CPU.
 bench-soak: install
 	$(PY) bench/soak.py $(if $(MINUTES),--minutes $(MINUTES))
+
+# RDMA vs TCP over the same shaped link, side by side (needs rxe in namespaces: runs under the 7.x stock kernel).
+bench-transport: install
+	$(TESTBED) vm --out results/vm -- $(PY) bench/transport.py
 
 bench-links: install
 	$(PY) bench/links.py $(if $(shell $(TESTBED) vm --check >/dev/null 2>&1 && echo y),--netem-vm)
