@@ -64,6 +64,15 @@ def assert_precise_error(path: Path, load: object, error: type) -> None:
     assert str(path) in str(err.value)
 
 
+def no_rdma_here(topology: Path) -> list[str]:
+    """`--rdma none` for a topology that asks for SoftRoCE on a kernel where rxe cannot run in namespaces (its
+    namespaces, links and routes are still tested; tests/test_vm_rdma.py covers the devices)."""
+    from testbed.rdma.support import rxe_in_namespaces
+    from testbed.topology import load_topology
+
+    return ["--rdma", "none"] if load_topology(topology).rdma != "none" and not rxe_in_namespaces().ok else []
+
+
 def netns_with_prefix(prefix: str) -> list[str]:
     try:
         return sorted(n for n in os.listdir("/run/netns") if n.startswith(prefix))

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, netns_with_prefix, run_cli
+from conftest import REPO, netns_with_prefix, no_rdma_here, run_cli
 from pyroute2 import IPRoute
 
 from testbed.backends import nsfs, ovs
@@ -58,7 +58,8 @@ def _state(name: str) -> dict:
 @pytest.mark.parametrize("topology", shipped_topologies(), ids=lambda p: p.stem)
 def test_shipped_topology_up_reach_routes_down(topology: Path, unique_name: str) -> None:
     before = _root_links()
-    run_cli("up", str(topology), "--name", unique_name, "--backend", "mininet", "--no-verify")
+    run_cli("up", str(topology), "--name", unique_name, "--backend", "mininet", "--no-verify",
+            *no_rdma_here(topology))
     plan = build_plan(load_topology(topology), unique_name)
     try:
         assert netns_with_prefix(f"tb-{unique_name}-") == sorted(plan.netns_names())
