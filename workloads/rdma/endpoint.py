@@ -148,6 +148,7 @@ class _Peer:
     free_remote: deque[int] = field(default_factory=deque)
     pending: deque[_SendOp] = field(default_factory=deque)
     rr: itertools.cycle = field(default_factory=lambda: itertools.cycle([0]))
+    """Round robin over the QPs (set to their count at construction)."""
     send_seq: dict[int, int] = field(default_factory=dict)
     recv_seq: dict[int, int] = field(default_factory=dict)
     arrived: dict[tuple[int, int], dict[int, int]] = field(default_factory=dict)
@@ -396,14 +397,9 @@ class RdmaEndpoint:
     def _completion(self, wc: Any) -> None:
         e = self.e
         if wc.status != e.IBV_WC_SUCCESS:
-            from pyverbs.cq import WC
-
-            status = _status_text(wc.status)
-            what = self.wr_ops.get(wc.wr_id)
-            peer = what[1] if what else self.by_qpn.get(wc.qp_num, (None,))[0]
-            peer_rank = peer if isinstance(peer, int) else getattr(peer, "rank", "?")
-            self._fail(f"rank {self.rank}: RDMA to/from rank {peer_rank} failed: {status} (vendor error "
-                       f"{wc.vendor_err}); {type(WC).__name__} opcode {wc.opcode}")
+            peer = self.by_qpn[wc.qp_num][0] if wc.qp_num in self.by_qpn else None
+            self._fail(f"rank {self.rank}: RDMA to/from rank {peer.rank if peer else '?'} failed: "
+                       f"{_status_text(wc.status)} (vendor error {wc.vendor_err}, opcode {wc.opcode})")
             return
         if wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM:
             peer, qp = self.by_qpn[wc.qp_num]
