@@ -13,7 +13,10 @@ from typing import Any
 from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb
 from testbed.shaping.base import DirectionDrops, Health, Shaper
-from testbed.shaping.calibrate import excess_one_way
+from testbed.shaping.calibrate import confirmed_excess, excess_one_way
+
+CALIBRATION_AGREE_S = 100e-6
+"""Two calibrations of one direction closer than this agree: rounds of probes vary by about +-75 us."""
 
 
 def netem_options(direction: LinkDirection, base_s: float) -> dict[str, Any]:
@@ -49,13 +52,23 @@ class NetemShaper(Shaper):
             self.record.calibration_s[d.label] = excess_one_way(self.backend, d, d.delay_s)
         self.backend.state.save()
         for d in plan.directions:
+            self._confirm(d)
             self._install(d)
+        self.backend.state.save()
 
     def set_direction(self, direction: LinkDirection) -> None:
         """New values: the asked delay installed as it is, the path measured at it, then the hold corrected."""
         self._install(_delay_only(direction), base_s=0.0)
         self.record.calibration_s[direction.label] = excess_one_way(self.backend, direction, direction.delay_s)
+        self._confirm(direction)
         self._install(direction)
+
+    def _confirm(self, direction: LinkDirection) -> None:
+        """The correction measured at the hold it keeps (without jitter or loss: no probe may be lost)."""
+        self._install(_delay_only(direction))
+        first = self.record.calibration_s[direction.label]
+        self.record.calibration_s[direction.label] = confirmed_excess(self.backend, direction, first,
+                                                                      CALIBRATION_AGREE_S)
 
     def _install(self, direction: LinkDirection, base_s: float | None = None) -> None:
         """Rate and netem options of one direction, its hold shortened by `base_s` (default: its calibration)."""
