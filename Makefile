@@ -27,7 +27,7 @@ APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openv
 	rdma-core ibverbs-utils perftest python3-pyverbs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install apt stock-kernel test test-host test-unit multihost vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport cli clean
+.PHONY: demo install apt stock-kernel test test-host test-unit multihost vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport bench-schedules-transport cli clean
 
 install: $(STAMP) stock-kernel
 
@@ -66,7 +66,7 @@ test-host: install
 
 # Tests marked `vm`, inside Debian's stock kernel (netem, rdma_rxe) under QEMU, via virtme-ng.
 vm-test: install
-	$(TESTBED) vm --out results/vm -- $(PY) -m pytest -p no:cacheprovider -m vm tests/test_vm.py tests/test_vm_rdma.py
+	$(TESTBED) vm --timeout 3600 --out results/vm -- $(PY) -m pytest -p no:cacheprovider -m vm tests/test_vm.py tests/test_vm_rdma.py
 
 # The same experiment on real machines over SSH: preflight -> provision -> shape -> verify -> run -> collect ->
 # teardown (playbooks/README.md). INVENTORY names the machines; ARGS passes run options (e.g. --schedule 1f1b,geopipe).
@@ -124,6 +124,10 @@ bench-soak: install
 # RDMA vs TCP over the same shaped link, side by side (needs rxe in namespaces: runs under the 7.x stock kernel).
 bench-transport: install
 	$(TESTBED) vm --out results/vm -- $(PY) bench/transport.py
+
+# 1F1B and GeoPipe over TCP and RDMA, alternating on one link (time-scaled to TCG's compute; ~55 min: four runs of ~12 min).
+bench-schedules-transport: install
+	$(TESTBED) vm --timeout 7200 --out results/vm -- $(PY) bench/schedules_transport.py
 
 bench-links: install
 	$(PY) bench/links.py $(if $(shell $(TESTBED) vm --check >/dev/null 2>&1 && echo y),--netem-vm)

@@ -165,7 +165,8 @@ def cmd_vm(args: argparse.Namespace) -> int:
         return 0
     command = " ".join(args.command) if args.command else "uname -r"
     print(f"booting {setup.kernel.name} under QEMU ({'KVM' if args.kvm else 'TCG'}): {command}", flush=True)
-    return run_in_vm(command, Path(args.out).resolve(), kvm=args.kvm, memory=args.memory, cpus=args.cpus)
+    return run_in_vm(command, Path(args.out).resolve(), kvm=args.kvm, memory=args.memory, cpus=args.cpus,
+                     timeout_s=args.timeout)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -519,6 +520,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", default="2G")
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--out", default="results/vm", help="writable folder shared with the guest")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds before the guest is killed (exit status 124, said on stderr)")
     p.add_argument("command", nargs="*", help="the command, after --")
     p.set_defaults(func=cmd_vm)
     return parser

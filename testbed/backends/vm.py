@@ -99,7 +99,9 @@ def guest_script(command: str, outdir: Path) -> str:
 
 def run_in_vm(command: str, outdir: Path, *, kvm: bool = False, memory: str = "2G", cpus: int = 2,
               timeout_s: float = 1800) -> int:
-    """Boot the stock kernel, run `command` (a shell line), return its exit status. Ctrl-C kills the guest."""
+    """Boot the stock kernel, run `command` (a shell line), return its exit status. Ctrl-C kills the guest.
+
+    Past `timeout_s` the guest is killed and the exit status is 124, with a line on stderr that says so."""
     setup = find_setup()
     outdir.mkdir(parents=True, exist_ok=True)
     argv = [str(setup.vng), *([] if kvm else ["--disable-kvm"]), "-r", str(setup.kernel), "--memory", memory,
@@ -108,7 +110,13 @@ def run_in_vm(command: str, outdir: Path, *, kvm: bool = False, memory: str = "2
     # Through a pipe: QEMU writing straight into an inherited file would overwrite what is already in it.
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    watchdog = threading.Timer(timeout_s, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    watchdog = threading.Timer(timeout_s, expire)
     watchdog.start()
     try:
         assert proc.stdout is not None
@@ -122,6 +130,10 @@ def run_in_vm(command: str, outdir: Path, *, kvm: bool = False, memory: str = "2
         raise
     finally:
         watchdog.cancel()
+    if expired.is_set():
+        print(f"testbed vm: the guest ran past --timeout {timeout_s:g} s and was killed; what it wrote under "
+              f"{outdir} stays; give it longer with --timeout", file=sys.stderr, flush=True)
+        return 124
     return proc.returncode
 
 

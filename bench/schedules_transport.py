@@ -1,0 +1,126 @@
+"""1F1B and GeoPipe over gloo TCP and over RDMA, on the same shaped link, alternating in one run.
+
+    testbed vm --out results/vm -- .venv/bin/python bench/schedules_transport.py     (make bench-schedules-transport)
+
+Needs rxe in namespaces (Linux >= 7.1), so on this project's 2-core host it runs under QEMU TCG, where torch
+computes ~100x slower than natively: a 5 ms link next to a TCG step is noise. The link is therefore scaled by
+the same factor (`--time-scale`, default 100 inside the VM, 1 elsewhere): 2dc-softroce's 1000 km, 5 ms one
+way, becomes 500 ms, so delay and compute keep their native proportion. The delay is measured (one-way
+probes) and printed before the runs. Order: ABBA per round (tcp, rdma, rdma, tcp, ...), so a drift of the
+host over the run falls on both transports alike. Per transport and schedule: median step time, tokens/s,
+bubble ratio and bubble vs the single-stage reference, all from the runs' summaries; then the ratios.
+Writes <out>/bench-schedules-transport.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SCHEDULES = ("1f1b", "geopipe")
+TRANSPORTS = ("tcp", "rdma")
+MODEL = ("--layers", "2", "--width", "32", "--heads", "2", "--seq-len", "16")
+METRICS = ("step_time_s", "tokens_per_s", "bubble_ratio", "bubble_vs_reference")
+
+
+def scaled_topology(source: Path, scale: float, out_dir: Path) -> Path:
+    """The topology with every link's one-way delay (its distance at 5 us/km, or its delay) times `scale`."""
+    from testbed.topology import load_topology
+
+    spec = yaml.safe_load(source.read_text())
+    topology = load_topology(source)
+    for raw, link in zip(spec["links"], topology.links, strict=True):
+        for key in ("distance", "distance_km", "delay"):
+            raw.pop(key, None)
+        raw["delay"] = f"{link.a_to_b.delay_s * scale * 1e3:g}ms"
+    spec["name"] = f"{spec['name']}-x{scale:g}"
+    path = out_dir / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def one_run(name: str, transport: str, microbatches: int, results: Path) -> list[dict]:
+    """One `testbed run` of both schedules over `transport`; their summaries' schedule entries."""
+    before = set(results.glob("*/summary.json"))
+    cmd = [str(REPO / ".venv/bin/testbed"), "run", name, "--transport", transport, "--schedule", ",".join(SCHEDULES),
+           "--microbatches", str(microbatches), "--microbatch-size", "1", "--iterations", "1", *MODEL,
+           "--hang-timeout", "900", "--results", str(results)]
+    subprocess.run(cmd, check=True, timeout=3600)
+    new = sorted(set(results.glob("*/summary.json")) - before)
+    summary = json.loads(new[-1].read_text())
+    assert summary["transport"].startswith("rdma" if transport == "rdma" else "gloo"), summary["transport"]
+    return summary["schedules"]
+
+
+def main() -> int:
+    in_vm = bool(os.environ.get("TESTBED_IN_VM"))
+    out_root = Path(os.environ.get("TESTBED_VM_OUT", REPO / "results"))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--topology", default=str(REPO / "topologies" / "2dc-softroce.yaml"))
+    parser.add_argument("--time-scale", type=float, default=100.0 if in_vm else 1.0)
+    parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds: each runs every transport twice")
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--out", default=str(out_root / "bench-schedules-transport.json"))
+    args = parser.parse_args()
+
+    from testbed.check.links import check_delays
+    from testbed.deploy import lifecycle
+
+    name = f"bs{os.getpid() % 10000}"
+    results = out_root / "bench-schedules-transport"
+    results.mkdir(parents=True, exist_ok=True)
+    rows: dict[tuple[str, str], list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        topology = scaled_topology(Path(args.topology), args.time_scale, Path(tmp))
+        result = lifecycle.up(topology, name, rdma="softroce")
+        try:
+            backend = lifecycle.open_backend(name)
+            delays = check_delays(backend, probes=5)
+            for c in delays:
+                print(f"{c.kind:8} {c.subject:30} {c.expected:22} {c.measured:30} {'pass' if c.ok else 'FAIL'}")
+            order = [t for _ in range(args.rounds) for t in (*TRANSPORTS, *reversed(TRANSPORTS))]
+            for transport in order:
+                for entry in one_run(name, transport, args.microbatches, results):
+                    rows.setdefault((transport, entry["schedule"]), []).append(entry)
+        finally:
+            lifecycle.down(name)
+
+    plan = result.plan
+    d = plan.directions[0]
+    table = {f"{t}/{s}": {m: statistics.median(e[m] for e in rows[(t, s)]) for m in METRICS} | {"runs": len(rows[(t, s)])}
+             for t in TRANSPORTS for s in SCHEDULES}
+    Path(args.out).write_text(json.dumps({"topology": plan.topology, "time_scale": args.time_scale,
+                                          "delay_s": d.delay_s, "rate_bps": d.rate_bps,
+                                          "microbatches": args.microbatches, "model": MODEL,
+                                          "kernel": os.uname().release, "tcg": in_vm,
+                                          "delay_checks": [c.to_json() for c in delays],
+                                          "medians": table,
+                                          "runs": {f"{t}/{s}": v for (t, s), v in rows.items()}}, indent=1))
+    print(f"{plan.topology}: {d.delay_s * 1e3:g} ms one way (x{args.time_scale:g}), {d.rate_bps / 1e6:g} Mbit/s; "
+          f"{args.microbatches} micro-batches; kernel {os.uname().release}{' under QEMU TCG' if in_vm else ''}")
+    print(f"{'transport':9} {'schedule':8} {'step':>8} {'tokens/s':>9} {'bubble':>7} {'vs ref':>7} runs")
+    for key, v in table.items():
+        t, s = key.split("/")
+        print(f"{t:9} {s:8} {v['step_time_s']:7.2f}s {v['tokens_per_s']:9.1f} {v['bubble_ratio']:7.3f} "
+              f"{v['bubble_vs_reference']:7.3f} {v['runs']}")
+    for s in SCHEDULES:
+        print(f"{s}: step time rdma/tcp {table[f'rdma/{s}']['step_time_s'] / table[f'tcp/{s}']['step_time_s']:.3f}")
+    for t in TRANSPORTS:
+        print(f"{t}: step time geopipe/1f1b "
+              f"{table[f'{t}/geopipe']['step_time_s'] / table[f'{t}/1f1b']['step_time_s']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
