@@ -93,6 +93,8 @@ def main() -> int:
             for transport in order:
                 for entry in one_run(name, transport, args.microbatches, results):
                     rows.setdefault((transport, entry["schedule"]), []).append(entry)
+                Path(args.out).write_text(json.dumps({"partial": True, "order": order,   # kept if stopped later
+                                                      "runs": {f"{t}/{s}": v for (t, s), v in rows.items()}}))
         finally:
             lifecycle.down(name)
 
