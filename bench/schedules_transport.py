@@ -79,6 +79,10 @@ def main() -> int:
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--out", default=str(out_root / "bench-schedules-transport.json"))
     args = parser.parse_args()
+    order, schedules = args.order.split(","), args.schedules.split(",")
+    if set(order) - set(TRANSPORTS):
+        parser.error(f"--order: transports are {', '.join(TRANSPORTS)}")
+    sys.stdout.reconfigure(line_buffering=True)     # through the VM's console as it happens
 
     from testbed.check.links import check_delays
     from testbed.deploy import lifecycle
@@ -95,10 +99,6 @@ def main() -> int:
             delays = check_delays(backend, probes=5)
             for c in delays:
                 print(f"{c.kind:8} {c.subject:30} {c.expected:22} {c.measured:30} {'pass' if c.ok else 'FAIL'}")
-            order = args.order.split(",")
-            schedules = args.schedules.split(",")
-            if set(order) - set(TRANSPORTS):
-                raise SystemExit(f"--order: transports are {', '.join(TRANSPORTS)}")
             for transport in order:
                 for entry in one_run(name, transport, schedules, args.microbatches, results):
                     rows.setdefault((transport, entry["schedule"]), []).append(entry)
@@ -120,10 +120,10 @@ def main() -> int:
                                           "runs": {f"{t}/{s}": v for (t, s), v in rows.items()}}, indent=1))
     print(f"{plan.topology}: {d.delay_s * 1e3:g} ms one way (x{args.time_scale:g}), {d.rate_bps / 1e6:g} Mbit/s; "
           f"{args.microbatches} micro-batches; kernel {os.uname().release}{' under QEMU TCG' if in_vm else ''}")
-    print(f"{'transport':9} {'schedule':8} {'step':>8} {'tokens/s':>9} {'bubble':>7} {'vs ref':>7} runs")
+    print(f"{'transport':9} {'schedule':13} {'step':>8} {'tokens/s':>9} {'bubble':>7} {'vs ref':>7} runs")
     for key, v in table.items():
         t, s = key.split("/")
-        print(f"{t:9} {s:8} {v['step_time_s']:7.2f}s {v['tokens_per_s']:9.1f} {v['bubble_ratio']:7.3f} "
+        print(f"{t:9} {s:13} {v['step_time_s']:7.2f}s {v['tokens_per_s']:9.1f} {v['bubble_ratio']:7.3f} "
               f"{v['bubble_vs_reference']:7.3f} {v['runs']}")
     step = {key: v["step_time_s"] for key, v in table.items()}
     for s in schedules:
