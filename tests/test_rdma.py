@@ -9,6 +9,7 @@ import pytest
 from conftest import REPO, netns_with_prefix, run_cli
 
 from testbed.backends import vm
+from testbed.check.rdma import judge_rtt
 from testbed.plan import build_plan
 from testbed.rdma import softroce
 from testbed.rdma.support import kernel_version, rxe_in_namespaces
@@ -40,6 +41,22 @@ def test_rdma_mtu_is_the_largest_that_fits_the_path() -> None:
     assert softroce.rdma_mtu_for(1500) == 1024
     assert softroce.rdma_mtu_for(4096) == 2048          # 4096 + RoCEv2 headers does not fit 4096
     assert softroce.rdma_mtu_for(300) == 0
+
+
+def test_rdma_round_trip_is_judged_on_the_floor_not_the_median() -> None:
+    """Readings from the stock-kernel tier under TCG on a 40 ms link: a loaded guest moves the median (a CI run
+    read 54.6 ms) but the shortest ping-pong less the probe's own shortest stays near 42 ms and passes; a path
+    that skips the delay, or adds one, still fails."""
+    def judge(shortest_ms: float, own_ms: float, *, tcg: bool = True) -> bool:
+        return judge_rtt("a--b", 0.040, shortest_ms / 1e3, own_ms / 1e3, tcg=tcg, where="a-h1", qps=1,
+                         rdma_mtu=4096).ok
+    assert judge(48.5, 6.5) and judge(50.2, 7.4)       # measured floors (4 rounds): 41.2-43.0 ms after subtraction
+    assert not judge(9.0, 6.5)                         # RDMA bypassed the shaped link
+    assert not judge(38.0, 1.0)                        # 37 ms: a delay short of the configured one by over 3 %
+    assert not judge(62.0, 6.5)                        # every ping-pong 15 ms slow: more than TCG's slack
+    assert judge(41.5, 0.2, tcg=False) and not judge(43.5, 0.2, tcg=False)   # a host: 2 ms slack
+    check = judge_rtt("a--b", 0.040, 0.0485, 0.0065, tcg=True, where="a-h1", qps=1, rdma_mtu=4096)
+    assert "shortest of 30 ping-pongs" in check.measured and "(TCG)" in check.expected
 
 
 def test_device_names_are_unique_per_testbed_and_short_enough() -> None:

@@ -30,6 +30,8 @@ PING_TAG, BULK_TAG, ACK_TAG = 1, 2, 3
 class ProbeResult:
     one_way_s: float
     """Median of the ping-pongs' half round trips."""
+    one_way_min_s: float
+    """Half the shortest round trip: the path's floor (a guest's stalls only ever add time)."""
     one_way_p90_s: float
     goodput_bps: float
     """Bulk bytes over (last completion - first post - one way)."""
@@ -128,7 +130,8 @@ def client(args: argparse.Namespace) -> int:
         bulk = ack.finished_at - t0
         median = statistics.median(one_way)
         ordered = sorted(one_way)
-        result = ProbeResult(one_way_s=median, one_way_p90_s=ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        result = ProbeResult(one_way_s=median, one_way_min_s=ordered[0],
+                             one_way_p90_s=ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
                              goodput_bps=8 * args.size * args.count / max(1e-9, bulk - median), bulk_s=bulk,
                              size=args.size, count=args.count, qps=params.qps, rdma_mtu=params.rdma_mtu,
                              transfer_s=one_way)
