@@ -388,7 +388,7 @@ class Cycle:
                 session, facts = self.sessions[m.name], self.facts[m.name]
                 folder = remote_dirs[m.name]
                 config = WorkerConfig(
-                    rank=rank, world=len(chosen), master_addr=master.data_address, master_port=port, schedule=schedule,
+                    rank=rank, world=len(chosen), master_addr=master.data_address, master_port=port, schedules=[schedule],
                     microbatches=options.microbatches, microbatch_size=options.microbatch_size,
                     iterations=options.iterations, model=options.model, split=options.split,
                     link_delay_s=[lk.delay_s for lk in links], link_rate_bps=[lk.rate_bps for lk in links],
@@ -411,7 +411,7 @@ class Cycle:
         fetch = time.monotonic()
         ranks = []
         for rank, m in enumerate(chosen):
-            self.sessions[m.name].get(f"{remote_dirs[m.name]}/rank-{rank}.json", out_dir / f"rank-{rank}.json")
+            self.sessions[m.name].get(f"{remote_dirs[m.name]}/{schedule}/rank-{rank}.json", out_dir / f"rank-{rank}.json")
             self.sessions[m.name].get(f"{remote_dirs[m.name]}/worker-{rank}.log", out_dir / f"worker-{rank}.log")
             ranks.append(RankTrace.from_json(json.loads((out_dir / f"rank-{rank}.json").read_text())))
         self.collect_s += time.monotonic() - fetch

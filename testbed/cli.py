@@ -23,6 +23,7 @@ from testbed.deploy import lifecycle
 from testbed.plan import build_plan
 from testbed.plan.render import render_plan
 from testbed.rdma.support import ROUTES, rxe_in_namespaces
+from testbed.run.dilation import DEFAULT_DILATION as DILATION
 from testbed.shaping.registry import CHOICES as SHAPER_CHOICES
 from testbed.shaping.registry import ShaperError
 from testbed.state import store as statefile
@@ -30,6 +31,7 @@ from testbed.topology import TopologyError, load_topology
 from testbed.util import units
 from testbed.util.interrupts import Interrupted, unwinding
 from testbed.util.paths import DEFAULT_TOPOLOGY, resolve_topology
+from workloads.commthreads import DEFAULT_COMM_PRIORITY as COMM_PRIORITY
 
 if TYPE_CHECKING:
     from testbed.run.runner import RunOptions
@@ -371,6 +373,18 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "missing), tcp (gloo), auto (rdma where every stage has it, else tcp and why)")
     p.add_argument("--rdma-slots", type=int, default=4,
                    help="RDMA receive slots per neighbour (messages a sender may push ahead of the receiver)")
+    _add_apparatus_args(p)
+
+
+def _add_apparatus_args(p: argparse.ArgumentParser) -> None:
+    """How the testbed keeps its own cost off the measurement (make bench-overhead compares these)."""
+    p.add_argument("--comm-priority", default=COMM_PRIORITY, choices=["normal", "realtime"],
+                   help="the workers' communication threads (gloo's I/O loop): realtime (SCHED_FIFO) takes a message "
+                        f"off the socket at once instead of after the compute's time slice (default {COMM_PRIORITY})")
+    p.add_argument("--dilation", default=DILATION,
+                   help="time dilation (DieCast): off, auto (each worker capped so that the workers leave a reserve of "
+                        "the cores to the delay daemons and I/O threads; k = workers / (cores - reserve)) or a factor "
+                        f"k; links run k times slower and times are divided by k (default {DILATION})")
 
 
 def _run_options(args: argparse.Namespace) -> RunOptions:
@@ -382,7 +396,8 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
         memory_budget=args.memory_budget, stages=args.stages, placement=args.placement,
         hang_timeout_s=args.hang_timeout, lr=args.lr, seed=args.seed, dump_gradients=args.dump_gradients,
-        transport=args.transport, rdma_slots=args.rdma_slots)
+        transport=args.transport, rdma_slots=args.rdma_slots, comm_priority=args.comm_priority,
+        dilation=args.dilation)
 
 
 def build_parser() -> argparse.ArgumentParser:

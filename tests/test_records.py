@@ -56,7 +56,7 @@ def test_state_reads_the_extra_records_of_0_1() -> None:
 
 
 def test_worker_config_and_rank_trace_round_trip() -> None:
-    config = WorkerConfig(rank=1, world=2, master_addr="10.0.0.1", master_port=1, schedule="geopipe",
+    config = WorkerConfig(rank=1, world=2, master_addr="10.0.0.1", master_port=1, schedules=["geopipe"],
                           link_delay_s=[0.005], link_rate_bps=[1e9], memory_budget="1f1b+1", cpu=1)
     assert WorkerConfig.from_json(_through_json(config.to_json())) == config
     old = {**config.to_json(), "memory_budget": 10}                   # 0.2 wrote bytes as a number

@@ -6,6 +6,7 @@ import pytest
 
 from workloads import schedule as S
 from workloads.memory import MemoryBudget, footprint_bytes
+from workloads.sampling import ComputeSamples
 from workloads.simulate import Costs, Deadlock, simulate
 from workloads.sizing import lookaheads, size_geopipe
 
@@ -63,10 +64,16 @@ def test_all_schedules_deadlock_free_and_inherent_bubble(stages: int) -> None:
 
 
 def _size(stages: int, m: int, delays: list[float], *, budget: list[int] | None = None,
-          fast_ratio: list[float] | None = None, compute: float = 0.03) -> S.GeoPipeSizing:
+          samples: ComputeSamples | None = None, compute: float = 0.03) -> S.GeoPipeSizing:
     return size_geopipe(stages, m, link_delay_s=delays, link_bytes_per_s=[125e6] * (stages - 1),
                         activation_bytes=131072, forward_s=[compute / 3] * stages, backward_s=[2 * compute / 3] * stages,
-                        stash_bytes=[1 << 20] * stages, budget_bytes=budget, fast_ratio=fast_ratio)
+                        stash_bytes=[1 << 20] * stages, budget_bytes=budget, samples=samples)
+
+
+def _spread(stages: int, compute: float, spread: float, n: int = 32) -> ComputeSamples:
+    """Per-micro-batch times around `compute` (F+B), half of them `spread` slower, half as much faster."""
+    totals = [compute * (1 + spread if i % 2 else 1 - spread) for i in range(n)]
+    return ComputeSamples([[t / 3 for t in totals]] * stages, [[2 * t / 3 for t in totals]] * stages)
 
 
 def test_prefetch_is_1f1b_order_and_memory_with_early_receives() -> None:
@@ -189,24 +196,26 @@ def test_memory_budget_parses_bytes_and_relative() -> None:
 
 
 def test_slack_comes_from_the_measured_spread() -> None:
-    """Compute that runs 30 % faster at the fast quantile needs more micro-batches in flight to stay busy;
-    the plan says how many of them are owed to that spread, and none when there is no spread."""
-    steady = _size(2, 32, [0.01], compute=0.015)
-    spread = _size(2, 32, [0.01], compute=0.015, fast_ratio=[0.7, 0.7])
+    """Compute whose micro-batches run 40 % faster or slower than their mean needs more micro-batches in flight
+    than the mean alone says (a window sized for the mean stalls on the fast ones); the plan says how many are
+    owed to the spread, none when there is none, and why it chose its count."""
+    steady = _size(2, 32, [0.01], compute=0.011, samples=_spread(2, 0.011, 0.0))
+    spread = _size(2, 32, [0.01], compute=0.011, samples=_spread(2, 0.011, 0.4))
     assert steady.slack == (0, 0)
     assert spread.wanted_extra[0] > steady.wanted_extra[0] and spread.slack[0] == (
         spread.wanted_extra[0] - steady.wanted_extra[0])
+    assert "expected over 12 draws" in spread.why[0] and spread.why[1].startswith("last stage")
 
 
 def test_worker_refuses_a_schedule_the_simulator_shows_deadlocking() -> None:
     """A stage holding two more extra micro-batches than the stage before it waits for an activation that
     stage produces only after a gradient it waits for: the worker refuses such a plan at once."""
     from workloads.records import WorkerConfig
-    from workloads.worker import refuse_deadlock
+    from workloads.runs import refuse_deadlock
 
     delays = [0, 0.0025, 0, 0.006, 0, 0.004, 0]
     rates = [10e9, 1e9, 10e9, 1e9, 10e9, 1e9, 10e9]
-    cfg = WorkerConfig(rank=0, world=8, master_addr="x", master_port=1, schedule="geopipe", microbatches=16,
+    cfg = WorkerConfig(rank=0, world=8, master_addr="x", master_port=1, schedules=["geopipe"], microbatches=16,
                        link_delay_s=delays, link_rate_bps=rates)
     extra = (0, 3, 0, 6, 0, 3, 0, 0)
     bad = S.GeoPipeSizing(extra, tuple(lookaheads(8, 16, list(extra))), extra, ("x",) * 8)

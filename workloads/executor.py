@@ -18,6 +18,7 @@ from torch import nn
 from workloads.memory import BudgetExceeded
 from workloads.records import Span
 from workloads.schedule import Action, Op
+from workloads.threadclock import ThreadClock, ThreadTimes
 from workloads.transport import Transport, Work
 
 
@@ -35,6 +36,10 @@ class IterationTrace:
     peak_inflight_bytes: int = 0
     loss: float | None = None
     stash_bytes: list[int] = field(default_factory=list)
+    cpu_s: float = 0.0
+    """CPU the main thread ran over the whole iteration (spans and the executor's own work between them)."""
+    runq_s: float = 0.0
+    """Time the main thread waited for its core over the whole iteration."""
 
     @property
     def compute_s(self) -> float:
@@ -54,11 +59,11 @@ class StageExecutor:
 
     def __init__(self, stage: nn.Module, rank: int, stages: int, transport: Transport,
                  activation_shape: tuple[int, ...], microbatches: int,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
         self.stage, self.rank, self.stages = stage, rank, stages
         self.transport, self.shape, self.m = transport, activation_shape, microbatches
-        self.loss_fn, self.clock = loss_fn, clock
+        self.loss_fn = loss_fn
+        self.clock = time.monotonic
         self.act_bytes = int(torch.Size(activation_shape).numel()) * 4
         self.budget_bytes: int | None = None
         """In-flight bytes this stage may hold (None: no budget)."""
@@ -66,7 +71,13 @@ class StageExecutor:
 
     def run(self, actions: list[Action], inputs: list[torch.Tensor] | None,
             targets: list[torch.Tensor] | None) -> IterationTrace:
-        trace = IterationTrace(start=self.clock())
+        clock = ThreadClock()           # opened on the thread that runs the actions (its schedstat is read)
+        begin = clock.now()
+        trace = IterationTrace(start=begin.wall)
+
+        def span(kind: str, mb: int, t0: ThreadTimes) -> None:
+            t1 = clock.now()
+            trace.spans.append(Span(kind, mb, t0.wall, t1.wall, t1.cpu - t0.cpu, t1.runq - t0.runq))
         recv_f: dict[int, tuple[torch.Tensor, Work]] = {}
         recv_b: dict[int, tuple[torch.Tensor, Work]] = {}
         stash: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}   # mb -> (input, output-or-loss, bytes)
@@ -95,9 +106,9 @@ class StageExecutor:
             elif a.op is Op.FORWARD:
                 if self.rank > 0:
                     buf, work = recv_f.pop(a.mb)
-                    t0 = self.clock()
+                    t0 = clock.now()
                     work.wait()
-                    trace.spans.append(Span("wait-F", a.mb, t0, self.clock()))
+                    span("wait-F", a.mb, t0)
                     x = buf.requires_grad_()
                     account(-self.act_bytes)
                 else:
@@ -107,13 +118,13 @@ class StageExecutor:
                     inputs[a.mb] if self.rank == 0 and inputs else None,
                     targets[a.mb] if self.rank == self.stages - 1 and targets else None) if t is not None}
                 saved = _SavedBytes(self.param_storages | outside)   # weights and the data batch are not in flight
-                t0 = self.clock()
+                t0 = clock.now()
                 with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
                     out = self.stage(x)
                     if self.rank == self.stages - 1:
                         assert targets is not None
                         out = self.loss_fn(out, targets[a.mb]) / self.m
-                trace.spans.append(Span("F", a.mb, t0, self.clock()))
+                span("F", a.mb, t0)
                 saved.pack(x)           # a received input is kept for the backward (its gradient goes back)
                 saved.pack(out)         # and the output whose graph the backward runs, even if not saved
                 stash[a.mb] = (x, out, saved.total)
@@ -128,27 +139,29 @@ class StageExecutor:
                 x, out, held = stash.pop(a.mb)
                 if self.rank < self.stages - 1:
                     grad, work = recv_b.pop(a.mb)
-                    t0 = self.clock()
+                    t0 = clock.now()
                     work.wait()
-                    trace.spans.append(Span("wait-B", a.mb, t0, self.clock()))
-                    t0 = self.clock()
+                    span("wait-B", a.mb, t0)
+                    t0 = clock.now()
                     torch.autograd.backward(out, grad)
                 else:
-                    t0 = self.clock()
+                    t0 = clock.now()
                     out.backward()
-                trace.spans.append(Span("B", a.mb, t0, self.clock()))
+                span("B", a.mb, t0)
                 account(-held - (self.act_bytes if self.rank < self.stages - 1 else 0))
                 stash[a.mb] = (x, out, 0)
             elif a.op is Op.SEND_B:
                 x = stash.pop(a.mb)[0]
                 payload = x.grad.contiguous()
                 sends.append((self.transport.isend(payload, self.rank - 1, tag_of("B", a.mb)), payload))
-        t0 = self.clock()
+        t0 = clock.now()
         for work, _ in sends:
             work.wait()
         if sends:
-            trace.spans.append(Span("wait-send", -1, t0, self.clock()))
-        trace.end = self.clock()
+            span("wait-send", -1, t0)
+        end = clock.now()
+        clock.close()
+        trace.end, trace.cpu_s, trace.runq_s = end.wall, end.cpu - begin.cpu, end.runq - begin.runq
         trace.loss = sum(losses) / len(losses) if losses else None
         return trace
 

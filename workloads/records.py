@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workloads.hostcpu import HostWindow, WatchGroup
 from workloads.schedule import GeoPipeSizing
+from workloads.threadclock import ThreadUsage
 
 
 @dataclass(kw_only=True, slots=True)
@@ -18,8 +20,9 @@ class WorkerConfig:
     world: int
     master_addr: str
     master_port: int
-    schedule: str
-    """gpipe | 1f1b | 1f1b-prefetch | geopipe | torch-* (PyTorch's own schedules, see workloads.worker)."""
+    schedules: list[str]
+    """Run interleaved, iteration by iteration: gpipe | 1f1b | 1f1b-prefetch | geopipe | torch-* (PyTorch's own
+    schedules, workloads/layouts.py)."""
     microbatches: int = 8
     microbatch_size: int = 4
     iterations: int = 4
@@ -33,11 +36,21 @@ class WorkerConfig:
     """Bottleneck rate between stage s and s+1, bits per second."""
     memory_budget: str | None = None
     """In-flight memory per stage: bytes (`1000000`) or `1f1b+N` (workloads.memory.MemoryBudget)."""
+    unbudgeted: list[str] = field(default_factory=list)
+    """Schedules of the run that run without the memory budget."""
     lr: float = 3e-3
     seed: int = 1234
     out_dir: str = "."
     cpu: int | None = None
     """Core the worker pins itself to."""
+    cgroup: str = ""
+    """A dilated run (testbed/run/dilation.py): the capped cgroup's procs file the worker writes its PID to
+    first; empty: none."""
+    comm_cgroup: str = ""
+    """A dilated run: the file that takes the communication threads out of the cap (thread ids)."""
+    comm_priority: str = "normal"
+    """normal, or realtime: the communication threads (gloo's I/O loop) under SCHED_FIFO, so a message that
+    arrives is taken off the socket at once instead of after the compute thread's time slice."""
     timeout_s: float = 120.0
     transport: str = "tcp"
     """tcp (gloo) or rdma (workloads/rdma over this host's rxe device: `rdma_device`, `rdma_gid_index`)."""
@@ -47,17 +60,27 @@ class WorkerConfig:
     """Largest RDMA MTU the path between stage s and s+1 carries (its smallest IP MTU)."""
     rdma_slots: int = 4
     """Receive slots per neighbour (each one message): how far a sender may run ahead of its receiver."""
+    watch: list[WatchGroup] = field(default_factory=list)
+    """Other processes of the run whose CPU each iteration records: the delay daemons, the runner
+    (workloads/hostcpu.py)."""
     dump_gradients: bool = False
     """Write this rank's gradients of the last iteration to OUT/grads-rank-<r>.pt (checks against a single
     process; with lr 0 every iteration's gradients are those of the initial weights)."""
+
+    def budget_for(self, schedule: str) -> str | None:
+        return None if schedule in self.unbudgeted else self.memory_budget
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkerConfig:
+        """Also reads configurations of 0.2 (one `schedule`)."""
         budget = data.get("memory_budget")
-        return cls(**{**data, "memory_budget": None if budget is None else str(budget)})
+        known = {k: v for k, v in data.items() if k != "schedule"}
+        return cls(**{**known, "schedules": list(data.get("schedules", [data.get("schedule")])),
+                      "memory_budget": None if budget is None else str(budget),
+                      "watch": [WatchGroup.from_json(g) for g in data.get("watch", [])]})
 
 
 @dataclass(slots=True)
@@ -69,6 +92,10 @@ class Span:
     """Micro-batch, -1 for the end-of-iteration wait for sends."""
     start: float
     end: float
+    cpu_s: float | None = None
+    """CPU the rank's main thread ran during the span (workloads/threadclock.py); None where not measured."""
+    runq_s: float | None = None
+    """Time the main thread sat runnable but not running during the span: other threads had its core."""
 
     @property
     def seconds(self) -> float:
@@ -97,6 +124,15 @@ class IterationRecord:
     backward_s: float | None = None
     stash_bytes: int | None = None
     """Largest per-micro-batch stash saved by autograd."""
+    main_cpu_s: float | None = None
+    """CPU the main thread ran over the iteration (its spans and the executor's work between them)."""
+    main_runq_s: float | None = None
+    """Time the main thread waited for its core over the iteration."""
+    threads: list[ThreadUsage] = field(default_factory=list)
+    """CPU and run-queue wait of every thread of the worker over the iteration, by thread name
+    (`main`, gloo's threads, ...): what the rank's own process spent beside its compute."""
+    host: HostWindow | None = None
+    """The whole machine's CPU over the iteration: per state (idle, softirq, steal, ...) and per watched group."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,7 +140,9 @@ class IterationRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> IterationRecord:
         return cls(**{**data, "spans": [Span(**s) for s in data.get("spans", [])],
-                      "memory": [(float(t), int(v)) for t, v in data.get("memory", [])]})
+                      "memory": [(float(t), int(v)) for t, v in data.get("memory", [])],
+                      "threads": [ThreadUsage(**t) for t in data.get("threads", [])],
+                      "host": HostWindow.from_json(data["host"]) if data.get("host") else None})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -129,6 +167,12 @@ class RankTrace:
     """Warm-up per-micro-batch F+B: [fast quantile, median, mean] seconds (what geopipe's slack comes from)."""
     transport_detail: dict[str, Any] = field(default_factory=dict)
     """RDMA: per neighbour rank the QPs, RDMA MTU, ACK timeout exponent and slot pool; pool bytes in total."""
+    message_cost_s: list[float] = field(default_factory=list)
+    """Per link between stage s and s+1: the transport's cost per activation-sized message beyond the configured
+    delay and transfer, probed by ping-pong at start-up (workloads.worker.probe_message_cost)."""
+    dilation: float = 1.0
+    """Times here are undilated: the worker ran dilated by this factor and its wall-clock times were divided
+    by it (testbed/run/dilation.py); 1.0: as measured."""
 
     @property
     def steady(self) -> list[IterationRecord]:
@@ -140,7 +184,8 @@ class RankTrace:
                 "geopipe_sizing": asdict(self.geopipe_sizing) if self.geopipe_sizing else None,
                 "activation_bytes": self.activation_bytes, "transport": self.transport,
                 "reference_compute_s": list(self.reference_compute_s), "budget_bytes": self.budget_bytes,
-                "compute_spread": list(self.compute_spread), "transport_detail": dict(self.transport_detail)}
+                "compute_spread": list(self.compute_spread), "transport_detail": dict(self.transport_detail),
+                "message_cost_s": list(self.message_cost_s), "dilation": self.dilation}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankTrace:
@@ -153,4 +198,5 @@ class RankTrace:
                    activation_bytes=data.get("activation_bytes"), transport=data.get("transport", ""),
                    reference_compute_s=list(data.get("reference_compute_s", [])),
                    budget_bytes=data.get("budget_bytes"), compute_spread=list(data.get("compute_spread", [])),
-                   transport_detail=dict(data.get("transport_detail", {})))
+                   transport_detail=dict(data.get("transport_detail", {})), dilation=float(data.get("dilation", 1.0)),
+                   message_cost_s=list(data.get("message_cost_s", [])))

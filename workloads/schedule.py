@@ -102,11 +102,14 @@ class GeoPipeSizing:
     cover_s: tuple[float, ...] = ()
     """Per stage: the time its micro-batch's data spends on the links after it (there and back)."""
     slack: tuple[int, ...] = ()
-    """Of `wanted_extra`, the micro-batches owed to compute spread (fast quantile vs median)."""
+    """Of `wanted_extra`, the micro-batches owed to the compute's spread (the plan over the measured
+    distribution less the plan at the mean times)."""
     budget_bytes: tuple[int, ...] = ()
     """Per stage: the memory budget it was sized under (empty: none)."""
     footprint_bytes: tuple[int, ...] = ()
     """Per stage: the in-flight bytes this sizing holds at its peak (the memory model's figure)."""
+    why: tuple[str, ...] = ()
+    """Per stage, in words: why this many (what one fewer would cost in expected step time)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GeoPipeSizing:

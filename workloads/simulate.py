@@ -1,7 +1,8 @@
 """Dry-run a schedule: a discrete-event model of the pipeline that catches deadlocks and predicts timing.
 
 Model (the same semantics the executor runs under gloo/TCP):
-- F/B of stage s take `forward_s[s]` / `backward_s[s]`; sends and receive posts take no time.
+- F/B of stage s take `forward_s[s]` / `backward_s[s]`, or per micro-batch what `forward_mb_s` /
+  `backward_mb_s` give (a draw of the measured times); sends and receive posts take no time.
 - A message over the link between stages s and s+1 (one-way delay d, rate R, `bytes`) is receiver-driven,
   as gloo's TCP pair is: it starts when both the send is issued (t_send) and the receiver's post has
   reached the sender (t_post + d); it then occupies the link for bytes/R (messages in one direction queue
@@ -39,6 +40,16 @@ class Costs:
     spans: posting, allocating, bookkeeping); it delays the pipeline but is not compute."""
     receiver_driven: bool = True
     """gloo's TCP: a send starts once the receive is posted. False: RDMA writes into the receiver's slots."""
+    forward_mb_s: list[list[float]] | None = None
+    """Per stage, per micro-batch: its forward's own time (a draw from the measured distribution,
+    workloads/sampling.py); overrides `forward_s` where given."""
+    backward_mb_s: list[list[float]] | None = None
+
+    def forward(self, stage: int, mb: int) -> float:
+        return self.forward_mb_s[stage][mb] if self.forward_mb_s else self.forward_s[stage]
+
+    def backward(self, stage: int, mb: int) -> float:
+        return self.backward_mb_s[stage][mb] if self.backward_mb_s else self.backward_s[stage]
 
 
 @dataclass(slots=True)
@@ -114,7 +125,7 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
                     return False
                 start = max(start, arrival[key])
             wait[s] += start - clock[s]
-            cost = costs.forward_s[s] if forward else costs.backward_s[s]
+            cost = costs.forward(s, a.mb) if forward else costs.backward(s, a.mb)
             clock[s] = start + cost + (costs.dispatch_s[s] if costs.dispatch_s else 0.0)
             compute[s] += cost
             if forward:

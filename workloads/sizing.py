@@ -9,9 +9,12 @@ link and its gradient crossed them back; meanwhile stage s has to keep computing
 3. bounds: the memory budget (each stage's peak footprint, workloads/memory.py), the micro-batch count, and
    the pipeline's order (a stage may hold at most one extra more than the stage before it, else it waits for
    an activation its predecessor makes only after a gradient that waits on it: a deadlock).
-Compute is taken at the fast end of what the warm-up measured (FAST_QUANTILE of the per-micro-batch F+B
-times, as a ratio to the mean): a window must stay filled when compute runs fast. The micro-batches owed to
-that spread are the plan's `slack` (the plan at the fast quantile minus the plan at the mean).
+Compute is what the warm-up measured, as a distribution (workloads/sampling.py): every candidate is judged
+by its expected step over the same DRAWS bootstrap draws of the measured per-micro-batch times, so a window
+sized for the average that stalls on the slow micro-batches is seen, and two warm-ups of the same compute
+judge alike. Messages cost the transport's measured per-message time beyond delay and transfer (the workers
+measure it by ping-pong at start-up). The micro-batches owed to the spread are the plan's `slack` (the plan
+over the draws minus the plan at the mean times), and `why` says per stage what one fewer would cost.
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ from __future__ import annotations
 import math
 
 from workloads.memory import activation_lookahead, footprint_bytes, pipeline_warmup
+from workloads.sampling import ComputeSamples
 from workloads.schedule import GeoPipeSizing, ScheduleError, geopipe
 from workloads.simulate import Costs, Deadlock, simulate
 
-FAST_QUANTILE = 0.1
 SAME_STEP = 0.005
 """A reduction is kept when the simulated step time stays within this fraction of the upper bound's."""
 
@@ -34,17 +37,20 @@ def lookaheads(stages: int, microbatches: int, extra: list[int]) -> list[int]:
 
 def size_geopipe(stages: int, microbatches: int, *, link_delay_s: list[float], link_bytes_per_s: list[float],
                  activation_bytes: int, forward_s: list[float], backward_s: list[float], stash_bytes: list[int],
-                 budget_bytes: list[int] | None = None, fast_ratio: list[float] | None = None) -> GeoPipeSizing:
+                 budget_bytes: list[int] | None = None, samples: ComputeSamples | None = None,
+                 message_overhead_s: float = 0.0) -> GeoPipeSizing:
     """The plan for one pipeline (see the module docstring). `link_delay_s[s]` / `link_bytes_per_s[s]`: the
-    link between stage s and s+1 (0 delay within a DC). `fast_ratio[s]`: fast-quantile F+B over mean F+B."""
-    ratio = fast_ratio or [1.0] * stages
-    fast_f = [f * r for f, r in zip(forward_s, ratio, strict=True)]
-    fast_b = [b * r for b, r in zip(backward_s, ratio, strict=True)]
+    link between stage s and s+1 (0 delay within a DC). `samples`: the measured per-micro-batch times (None:
+    the means alone); `message_overhead_s`: the transport's measured cost per message."""
     cover = [sum(2 * (link_delay_s[lk] + activation_bytes / link_bytes_per_s[lk]) for lk in range(s, stages - 1))
              for s in range(stages)]
-    at_mean = _fewest(stages, microbatches, link_delay_s, link_bytes_per_s, activation_bytes, forward_s, backward_s)
-    at_fast = _fewest(stages, microbatches, link_delay_s, link_bytes_per_s, activation_bytes, fast_f, fast_b)
-    wanted = [max(f, m) for f, m in zip(at_fast, at_mean, strict=True)]    # faster compute never needs fewer
+    judge = _Judge(stages, microbatches, Costs(forward_s, backward_s, link_delay_s, link_bytes_per_s, activation_bytes,
+                                               0, message_overhead_s), samples)
+    at_mean = _fewest(stages, microbatches, link_delay_s, link_bytes_per_s, activation_bytes,
+                      _Judge(stages, microbatches, judge.costs, None), forward_s, backward_s)
+    wanted = _fewest(stages, microbatches, link_delay_s, link_bytes_per_s, activation_bytes, judge, forward_s,
+                     backward_s) if samples is not None else at_mean
+    wanted = [max(w, m) for w, m in zip(wanted, at_mean, strict=True)]      # a spread never needs fewer
     extra, bound = [], []
     for s in range(stages):
         k = wanted[s]
@@ -72,7 +78,59 @@ def size_geopipe(stages: int, microbatches: int, *, link_delay_s: list[float], l
                                   activation_bytes=activation_bytes) for s in range(stages)]
     return GeoPipeSizing(tuple(extra), tuple(look), tuple(wanted), tuple(bound), tuple(cover),
                          tuple(w - m for w, m in zip(wanted, at_mean, strict=True)), tuple(budget_bytes or ()),
-                         tuple(footprints))
+                         tuple(footprints), tuple(judge.why(wanted, extra, bound)))
+
+
+class _Judge:
+    """The simulated step of a candidate plan: at the mean times, or expected over the draws of `samples`
+    (common random numbers: every candidate meets the same draws). Results are cached per candidate."""
+
+    def __init__(self, stages: int, microbatches: int, costs: Costs, samples: ComputeSamples | None) -> None:
+        self.stages, self.microbatches, self.costs = stages, microbatches, costs
+        self.draws = samples.draws(microbatches) if samples is not None else []
+        self.cache: dict[tuple[int, ...], float] = {}
+
+    def step(self, candidate: list[int]) -> float:
+        key = tuple(candidate)
+        if key not in self.cache:
+            plan = GeoPipeSizing(key, tuple(lookaheads(self.stages, self.microbatches, candidate)), key,
+                                 ("plan",) * self.stages)
+            schedule = geopipe(self.stages, self.microbatches, plan)
+            try:
+                if not self.draws:
+                    self.cache[key] = simulate(schedule, self.costs).iteration_s
+                else:
+                    self.cache[key] = sum(simulate(schedule, _with(self.costs, f, b)).iteration_s
+                                          for f, b in self.draws) / len(self.draws)
+            except Deadlock:
+                self.cache[key] = math.inf
+        return self.cache[key]
+
+    def why(self, wanted: list[int], extra: list[int], bound: list[str]) -> list[str]:
+        """Per stage, in words: what the plan's count buys against one fewer (expected steps)."""
+        basis = f"expected over {len(self.draws)} draws of the measured compute" if self.draws else "at the mean compute"
+        out = []
+        for s in range(self.stages):
+            if s == self.stages - 1:
+                out.append("last stage: no link after it")
+                continue
+            here = self.step(wanted)
+            if wanted[s] == 0:
+                text = f"0 extra: the links after it are hidden without ({basis})"
+            else:
+                fewer = [*wanted[:s], wanted[s] - 1, *wanted[s + 1:]]
+                cost = self.step(fewer) / here - 1 if here > 0 else 0.0
+                text = (f"{wanted[s]} extra: with {wanted[s] - 1} the step would be {cost:+.1%} "
+                        f"({basis}; kept when under {SAME_STEP:.1%})")
+            if extra[s] != wanted[s]:
+                text += f"; held to {extra[s]} by the {bound[s]}"
+            out.append(text)
+        return out
+
+
+def _with(costs: Costs, forward: list[list[float]], backward: list[list[float]]) -> Costs:
+    return Costs(costs.forward_s, costs.backward_s, costs.link_delay_s, costs.link_bytes_per_s, costs.activation_bytes,
+                 costs.stash_bytes, costs.message_overhead_s, costs.dispatch_s, costs.receiver_driven, forward, backward)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -94,33 +152,23 @@ def upper_bound(stages: int, link_delay_s: list[float], link_bytes_per_s: list[f
 
 
 def _fewest(stages: int, microbatches: int, link_delay_s: list[float], link_bytes_per_s: list[float],
-            activation_bytes: int, forward_s: list[float], backward_s: list[float]) -> list[int]:
-    """Step 2 of the plan: from the upper bound, lower each stage's extra count while the simulated step
-    time stays within SAME_STEP of the bound's (stages in order, repeated until nothing changes)."""
+            activation_bytes: int, judge: _Judge, forward_s: list[float], backward_s: list[float]) -> list[int]:
+    """Step 2 of the plan: from the upper bound, lower each stage's extra count while the judged step time
+    stays within SAME_STEP of the bound's (stages in order, repeated until nothing changes)."""
     compute = [f + b for f, b in zip(forward_s, backward_s, strict=True)]
     extra = upper_bound(stages, link_delay_s, link_bytes_per_s, activation_bytes, compute)
     for s in range(stages):
         extra[s] = min(extra[s], microbatches - min(pipeline_warmup(s, stages), microbatches))
         if s > 0:
             extra[s] = min(extra[s], extra[s - 1] + 1)
-    costs = Costs(forward_s, backward_s, link_delay_s, link_bytes_per_s, activation_bytes, 0)
-
-    def step_time(candidate: list[int]) -> float:
-        plan = GeoPipeSizing(tuple(candidate), tuple(lookaheads(stages, microbatches, candidate)),
-                             tuple(candidate), ("plan",) * stages)
-        try:
-            return simulate(geopipe(stages, microbatches, plan), costs).iteration_s
-        except Deadlock:
-            return math.inf
-
-    target = step_time(extra) * (1 + SAME_STEP)
+    target = judge.step(extra) * (1 + SAME_STEP)
     changed = True
     while changed:
         changed = False
         for s in range(stages - 1):
             while extra[s] > 0 and (s == stages - 1 or extra[s + 1] <= extra[s]):
                 trial = [*extra[:s], extra[s] - 1, *extra[s + 1:]]
-                if step_time(trial) > target:
+                if judge.step(trial) > target:
                     break
                 extra, changed = trial, True
     return extra

@@ -30,6 +30,9 @@ class Transport(ABC):
     def barrier(self) -> None:
         """Align all ranks (outside measured windows)."""
 
+    def close(self) -> None:  # noqa: B027 (most transports hold nothing of their own)
+        """Release what the transport holds (queue pairs, registered memory); gloo's pairs go with the group."""
+
 
 class GlooTransport(Transport):
     """torch.distributed with the gloo backend (TCP): receiver-driven sends."""

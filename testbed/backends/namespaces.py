@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from testbed.backends import nsfs
+from testbed.backends import cgroups, nsfs
 from testbed.backends.base import Backend, BackendError
 from testbed.state.records import terminate_records
 from testbed.util import procs
@@ -48,7 +48,7 @@ class NamespaceBackend(Backend):
         inodes = [ino for ino in (nsfs.inode(ns) for ns in self.state.netns) if ino is not None]
         terminate_records(self.state.processes)
         procs.terminate(procs.pids_in_netns(inodes))
-        failures = []
+        failures = cgroups.remove_all(self.state.cgroups)
         for ns in self.state.netns:
             try:
                 nsfs.remove(ns)

@@ -14,8 +14,8 @@ from testbed.experiment.model import StageTimes
 from testbed.run.metrics import pool_references
 from testbed.run.summary import ScheduleSummary
 from testbed.util.paths import DEFAULT_TOPOLOGY
+from workloads.layouts import stage_layout
 from workloads.schedule import GeoPipeSizing
-from workloads.worker import stage_layout
 
 HEADLINE_SWEEPS = ("distance", "repeat")
 

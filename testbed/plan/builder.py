@@ -60,7 +60,6 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
                     ("net.ipv4.tcp_wmem", f"4096 16384 {tcp_buffer}"))
     # net.core.[rw]mem_max are read-only outside the root namespace (they cap SO_RCVBUF/SO_SNDBUF only);
     # TCP autotuning is bounded by tcp_rmem/tcp_wmem, which are per namespace.
-    fabric_mtu = RDMA_FABRIC_MTU if topology.rdma == "softroce" else FABRIC_MTU
     nodes: list[Node] = []
     veths: list[Veth] = []
     otn_addr = _otn_addresses(topology)
@@ -68,6 +67,7 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
         subnet = dc_subnet(topology, dc_index)
         gateway = subnet.network_address + 1
         rtr = router_name(dc.name)
+        fabric_mtu = dc.fabric.mtu or (RDMA_FABRIC_MTU if topology.rdma == "softroce" else FABRIC_MTU)
         ports = tuple(f"h{i + 1}" for i in range(len(dc.hosts)))
         for i, host in enumerate(dc.hosts):
             address = ipaddress.IPv4Interface(f"{subnet.network_address + FIRST_HOST_OCTET + i}/{subnet.prefixlen}")

@@ -206,7 +206,7 @@ class Plan:
                    veths=tuple(Veth.from_json(v) for v in data["veths"]),
                    directions=tuple(LinkDirection.from_json(d) for d in directions),
                    tcp_buffer_bytes=int(data["tcp_buffer_bytes"]),
-                   fabrics={dc: Fabric(float(f["rate_bps"]), float(f["latency_s"]))
+                   fabrics={dc: Fabric(float(f["rate_bps"]), float(f["latency_s"]), f.get("mtu"))
                             for dc, f in data.get("fabrics", {}).items()},
                    paths={src: {dst: list(p) for dst, p in by.items()} for src, by in data.get("paths", {}).items()},
                    notes=tuple(data.get("notes", ())), rdma=str(data.get("rdma", "none")))

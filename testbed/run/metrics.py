@@ -12,8 +12,8 @@ import statistics
 from typing import Any
 
 from testbed.run.summary import ScheduleSummary
+from workloads.layouts import stage_layout
 from workloads.records import RankTrace
-from workloads.worker import stage_layout
 
 
 def summarize(schedule: str, ranks: list[RankTrace], tokens_per_step: int) -> ScheduleSummary:

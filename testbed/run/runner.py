@@ -23,12 +23,25 @@ from typing import Any
 
 from testbed.backends import nsfs
 from testbed.backends.base import Backend
-from testbed.check.links import check_delays, daemons_cpu
+from testbed.backends.cgroups import WorkerCap
+from testbed.check.links import check_delays, daemons_cpu, delay_tolerance
 from testbed.plan.builder import HOST_IFNAME
 from testbed.plan.model import Node, Plan
 from testbed.run import metrics
+from testbed.run.breakdown import breakdown
+from testbed.run.dilation import (
+    DEFAULT_DILATION,
+    OFF,
+    Dilation,
+    DilationError,
+    dilated_links,
+    plan_dilation,
+    restore_links,
+    undilate,
+    worker_caps,
+)
 from testbed.run.placement import PlacementError, place_stages
-from testbed.run.summary import LinkRecord, RunSummary, StageLink, StagePlacement
+from testbed.run.summary import LinkRecord, LinkTiming, RunSummary, StageLink, StagePlacement
 from testbed.run.transport import TransportChoice, TransportError
 from testbed.run.transport import choose as choose_transport
 from testbed.shaping.delayline_shaper import DelaylineShaper
@@ -38,10 +51,12 @@ from testbed.util import procs, units
 from testbed.util.hostload import LoadMonitor
 from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT
+from workloads.commthreads import DEFAULT_COMM_PRIORITY
+from workloads.hostcpu import WatchGroup
+from workloads.layouts import TORCH_SCHEDULES, chunks_per_rank
 from workloads.memory import MemoryBudget
 from workloads.records import RankTrace, WorkerConfig
 from workloads.schedule import SCHEDULES
-from workloads.worker import TORCH_SCHEDULES, chunks_per_rank
 
 ALL_SCHEDULES = (*SCHEDULES, *TORCH_SCHEDULES)
 """Ours (schedules as data) and PyTorch's own, run on the same model and timed the same way."""
@@ -64,6 +79,8 @@ class RunOptions:
     model: dict[str, Any] = field(default_factory=dict)
     memory_budget: str | None = None
     """In-flight memory per stage, enforced: bytes (`64MiB`) or relative to 1F1B (`1f1b+2`)."""
+    unbudgeted: list[str] = field(default_factory=list)
+    """Schedules of the run that run without `memory_budget` (gpipe cannot fit a 1F1B-relative one)."""
     split: list[int] | None = None
     stages: int | None = None
     """Pipeline stages (default: see `placement`)."""
@@ -78,6 +95,10 @@ class RunOptions:
     """tcp (gloo), rdma (SoftRoCE / RDMA NIC; fails when missing) or auto (rdma where possible, says why not)."""
     rdma_slots: int = 4
     """RDMA receive slots per neighbour: how many messages a sender may push before the receiver takes them."""
+    comm_priority: str = DEFAULT_COMM_PRIORITY
+    """The workers' communication threads: normal, or realtime (SCHED_FIFO; workloads/commthreads.py)."""
+    dilation: str = DEFAULT_DILATION
+    """Time dilation (testbed/run/dilation.py): off, auto (k from the workers' caps) or a factor."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.schedules if s not in ALL_SCHEDULES]
@@ -88,6 +109,8 @@ class RunOptions:
                 self.memory_budget = MemoryBudget.parse(str(self.memory_budget), units.parse_size).text
             except ValueError as exc:
                 raise RunError(f"--memory-budget: {exc}") from None
+        if self.comm_priority not in ("normal", "realtime"):
+            raise RunError(f"--comm-priority {self.comm_priority!r}: use normal or realtime")
         if self.microbatches < 1 or self.microbatch_size < 1 or self.iterations < 1:
             raise RunError("--microbatches, --microbatch-size and --iterations must be at least 1")
 
@@ -128,29 +151,53 @@ def stage_links(plan: Plan, hosts: list[Node]) -> list[StageLink]:
     return links
 
 
-def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: list[Node], out_dir: Path,
-                 progress: Callable[[dict[str, Any]], None] | None = None,
-                 monitor: LoadMonitor | None = None, transport: TransportChoice | None = None) -> list[RankTrace]:
-    """Run one schedule to completion on `hosts`; return the per-rank traces."""
+def run_group(backend: Backend, schedules: list[str], options: RunOptions, hosts: list[Node], out_dir: Path,
+              progress: Callable[[dict[str, Any]], None] | None = None,
+              monitor: LoadMonitor | None = None, transport: TransportChoice | None = None,
+              dilation: Dilation = OFF) -> dict[str, list[RankTrace]]:
+    """Run `schedules` interleaved, iteration by iteration, in one launch of the workers on `hosts`
+    (workloads/worker.py); per schedule, its per-rank traces from out_dir/<schedule>/ (in undilated time: a
+    dilated run's raw traces stay beside them as rank-<r>.dilated.json)."""
+    with dilated_links(backend, dilation.factor), worker_caps(backend, dilation, len(hosts)) as caps:
+        _run_workers(backend, schedules, options, hosts, out_dir, progress, monitor, transport, caps)
+    traces = {}
+    for schedule in schedules:
+        folder = out_dir / schedule
+        raw = [RankTrace.from_json(json.loads((folder / f"rank-{rank}.json").read_text())) for rank in range(len(hosts))]
+        if dilation.on:
+            for rank, trace in enumerate(raw):
+                (folder / f"rank-{rank}.json").rename(folder / f"rank-{rank}.dilated.json")
+                (folder / f"rank-{rank}.json").write_text(json.dumps(undilate(trace, dilation.factor).to_json()))
+            raw = [undilate(trace, dilation.factor) for trace in raw]
+        traces[schedule] = raw
+    return traces
+
+
+def _run_workers(backend: Backend, schedules: list[str], options: RunOptions, hosts: list[Node], out_dir: Path,
+                 progress: Callable[[dict[str, Any]], None] | None, monitor: LoadMonitor | None,
+                 transport: TransportChoice | None, caps: list[WorkerCap]) -> None:
     links = stage_links(backend.state.plan, hosts)
     transport = transport or TransportChoice("tcp", "default")
     master = hosts[0].ip(HOST_IFNAME)
     port = free_port(backend, hosts[0].name, master)
     out_dir.mkdir(parents=True, exist_ok=True)
     cpus = os.cpu_count() or 1
+    watch = watch_groups(backend)
     running: list[tuple[int, subprocess.Popen[bytes], Path]] = []
     try:
         for rank, host in enumerate(hosts):
             config = WorkerConfig(
-                rank=rank, world=len(hosts), master_addr=master, master_port=port, schedule=schedule,
+                rank=rank, world=len(hosts), master_addr=master, master_port=port, schedules=list(schedules),
                 microbatches=options.microbatches, microbatch_size=options.microbatch_size,
                 iterations=options.iterations, model=options.model, split=options.split,
                 link_delay_s=[lk.delay_s for lk in links], link_rate_bps=[lk.rate_bps for lk in links],
-                memory_budget=options.memory_budget, lr=options.lr, seed=options.seed, out_dir=str(out_dir),
-                cpu=rank % cpus, timeout_s=max(60.0, options.hang_timeout_s), dump_gradients=options.dump_gradients,
-                transport=transport.name, rdma_slots=options.rdma_slots, rdma_mtu=transport.path_rdma_mtu,
-                rdma_device=transport.devices[rank].name if transport.devices else "",
-                rdma_gid_index=transport.devices[rank].gid_index if transport.devices else -1)
+                memory_budget=options.memory_budget, unbudgeted=list(options.unbudgeted), lr=options.lr,
+                seed=options.seed, out_dir=str(out_dir), cpu=rank % cpus,
+                cgroup=str(caps[rank].procs) if caps else "", comm_cgroup=str(caps[rank].threads) if caps else "",
+                comm_priority=options.comm_priority, timeout_s=max(60.0, options.hang_timeout_s),
+                dump_gradients=options.dump_gradients, transport=transport.name, rdma_slots=options.rdma_slots,
+                rdma_mtu=transport.path_rdma_mtu, rdma_device=transport.devices[rank].name if transport.devices else "",
+                rdma_gid_index=transport.devices[rank].gid_index if transport.devices else -1, watch=watch)
             path = out_dir / f"worker-{rank}.json"
             path.write_text(json.dumps(config.to_json(), indent=1))
             log = out_dir / f"worker-{rank}.log"
@@ -173,7 +220,21 @@ def run_schedule(backend: Backend, schedule: str, options: RunOptions, hosts: li
             pids = {p.pid for _, p, _ in running}
             backend.state.processes = [r for r in backend.state.processes if r.pid not in pids]
             backend.state.save()
-    return [RankTrace.from_json(json.loads((out_dir / f"rank-{rank}.json").read_text())) for rank in range(len(hosts))]
+
+
+def watch_groups(backend: Backend) -> list[WatchGroup]:
+    """The run's processes besides the workers whose CPU every iteration records (testbed/run/breakdown.py):
+    the delay daemons with their supervisors, other daemons the testbed started, and this process alone."""
+    by_role: dict[str, list[int]] = {}
+    for record in backend.state.processes:
+        if record.role != "worker" and record.alive():
+            by_role.setdefault(ROLE_GROUPS.get(record.role, record.role), []).append(record.pid)
+    return [*(WatchGroup(name, pids) for name, pids in sorted(by_role.items())),
+            WatchGroup("runner", [os.getpid()], children=False)]
+
+
+ROLE_GROUPS = {"delayline": "delay daemons"}
+"""How a recorded process role is named in the CPU ledger."""
 
 
 def free_port(backend: Backend, node: str, address: str) -> int:
@@ -234,12 +295,21 @@ def _tail(path: Path, chars: int = 1500) -> str:
 
 def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
                   run_id: str | None = None, log: Callable[[str], None] = print) -> tuple[Path, RunSummary]:
-    """Every schedule of `options` in turn on one running testbed; writes results/<run-id>/ and returns it.
-    A schedule whose run the host disturbed (testbed.util.hostload) runs again, at most MAX_REPEATS times; the
-    least disturbed run is kept at <schedule>/ (the other beside it) and the summary says how many ran again."""
+    """Every schedule of `options` on one running testbed, interleaved iteration by iteration in one launch of
+    the workers (so that the host's slow and fast stretches fall on every schedule alike); writes
+    results/<run-id>/ and returns it. A run the host disturbed (testbed.util.hostload) runs again, at most
+    MAX_REPEATS times; the least disturbed is kept at <schedule>/ (the other set aside beside it) and the summary
+    says how many ran again."""
+    if restore_links(backend):
+        log("restored the OTN links a dilated run left slowed down (it was stopped before it could)")
     plan = backend.state.plan
     hosts = options.hosts(plan)
     options.check_stages(len(hosts))
+    cpus = os.cpu_count() or 1
+    try:
+        dilation = plan_dilation(options.dilation, len(hosts), cpus)
+    except DilationError as exc:
+        raise RunError(str(exc)) from None
     try:
         transport = choose_transport(options.transport, plan, backend.state.rdma, hosts, options.schedules)
     except TransportError as exc:
@@ -252,46 +322,58 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     drops_before = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
     restarts_before = _restarts(shaper)
     delay_checks = check_delays(backend, probes=10)
-    cpus = os.cpu_count() or 1
     daemons = sum(1 for p in backend.state.processes if p.role == "delayline")
     oversubscribed = len(hosts) + daemons > cpus
-    if oversubscribed:
+    if dilation.on:
+        log(f"time dilation k = {dilation.factor:.3f} ({dilation.reason}); times below are undilated")
+    elif oversubscribed:
         log(f"WARNING: {len(hosts)} workers + {daemons} delay daemons on {cpus} cores: compute spans stretch when "
             "more run than there are cores, so bubble ratios are under-stated (recorded in summary.json)")
     tokens = options.microbatches * options.microbatch_size * int(options.model.get("block_size", 64))
-    summaries, traces = [], {}
-    for schedule in options.schedules:
+    log(f"running {', '.join(options.schedules)}" + (" interleaved" if len(options.schedules) > 1 else "")
+        + f": {len(hosts)} stages on {', '.join(h.name for h in hosts)}")
+
+    def progress(event: dict[str, Any]) -> None:
+        if event.get("event") == "iteration" and event.get("rank") == len(hosts) - 1:
+            loss = event.get("loss")
+            log(f"  {event.get('schedule', '')} iteration {event['iteration']}: {event['seconds']:.3f} s"
+                + (" (dilated)" if dilation.on else "") + (f", loss {loss:.3f}" if loss is not None else ""))
+
+    best = None
+    for attempt in range(MAX_REPEATS + 1):
         raise_if_pending()
-        log(f"running {schedule}: {len(hosts)} stages on {', '.join(h.name for h in hosts)}")
-
-        def progress(event: dict[str, Any], schedule: str = schedule) -> None:
-            if event.get("event") == "iteration" and event.get("rank") == len(hosts) - 1:
-                loss = event.get("loss")
-                log(f"  {schedule} iteration {event['iteration']}: {event['seconds']:.3f} s"
-                    + (f", loss {loss:.3f}" if loss is not None else ""))
-
-        best = None
-        for attempt in range(MAX_REPEATS + 1):
-            monitor = LoadMonitor(daemons_cpu(shaper, tuple(sorted({d.dst_node for d in plan.directions}))))
-            where = run_dir / (schedule if attempt == 0 else f"{schedule}-repeat{attempt}")
-            ranks = run_schedule(backend, schedule, options, hosts, where, progress, monitor, transport)
-            measured = metrics.summarize(schedule, ranks, tokens)
-            measured.host_load = monitor.finish()
-            if best is None or measured.host_load.lost_fraction < best[1].host_load.lost_fraction:
-                best = (ranks, measured, where)
-            if not measured.host_load.disturbed:
-                break
-            log(f"  {schedule}: host disturbed ({'; '.join(measured.host_load.reasons)})"
-                + ("; measuring again" if attempt < MAX_REPEATS else "; kept, marked disturbed"))
-        ranks, measured, kept = best
+        monitor = LoadMonitor(daemons_cpu(shaper, tuple(sorted({d.dst_node for d in plan.directions}))))
+        where = run_dir if attempt == 0 else run_dir / f"repeat{attempt}"
+        holds_before = _hold_counters(shaper)
+        ranks_by = run_group(backend, options.schedules, options, hosts, where, progress, monitor, transport, dilation)
+        load = monitor.finish()
+        timing = _link_timing(plan, holds_before, _hold_counters(shaper),
+                              backend.state.shaper.release_error_s if backend.state.shaper else {}, dilation.factor)
+        measured_by = {}
+        for schedule, ranks in ranks_by.items():
+            measured_by[schedule] = metrics.summarize(schedule, ranks, tokens)
+            measured_by[schedule].host_load, measured_by[schedule].link_timing = load, timing
+        if best is None or load.lost_fraction < best[2].lost_fraction:
+            best = (ranks_by, measured_by, load, where)
+        if not load.disturbed:
+            break
+        log(f"  host disturbed ({'; '.join(load.reasons)})"
+            + ("; measuring again" if attempt < MAX_REPEATS else "; kept, marked disturbed"))
+    traces, measured_by, _, kept = best
+    summaries = []
+    for schedule in options.schedules:
+        measured = measured_by[schedule]
         measured.repeated = attempt
-        _keep_attempt(run_dir / schedule, kept)
+        _keep_attempt(run_dir / schedule, kept / schedule)
         if not measured.budget_ok:
             raise RunError(f"{schedule}: in-flight peak {measured.peak_inflight_activation_bytes_per_stage} B over its "
                            f"budget {measured.budget_bytes_per_stage} B (the workers should have stopped it)")
-        traces[schedule] = ranks
         summaries.append(measured)
     metrics.pool_references(summaries)
+    receiver_driven = transport.name != "rdma"
+    for measured in summaries:
+        measured.breakdown = breakdown(traces[measured.schedule], [lk.delay_s for lk in stage_links(plan, hosts)],
+                                       [lk.rate_bps for lk in stage_links(plan, hosts)], receiver_driven)
     drops_after = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
     links = []
     for d in plan.directions:
@@ -311,7 +393,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         shaper_calibration_s=dict(backend.state.shaper.calibration_s) if backend.state.shaper else {},
         transport=_describe(transport, traces), transport_reason=transport.reason,
         transport_detail={s: [r.transport_detail for r in ranks] for s, ranks in traces.items() if transport.devices},
-        kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed,
+        kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed and not dilation.on, dilation=dilation,
         workers=len(hosts), delay_daemons=daemons, options=asdict(options), schedules=summaries,
         daemon_restarts=_restarts(shaper) - restarts_before)
     (run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=1))
@@ -345,6 +427,28 @@ def _keep_attempt(canonical: Path, kept: Path) -> None:
         return
     canonical.rename(canonical.with_name(canonical.name + "-set-aside"))
     kept.rename(canonical)
+
+
+def _hold_counters(shaper: object) -> dict[str, tuple[int, float]]:
+    return shaper.hold_counters() if isinstance(shaper, DelaylineShaper) else {}
+
+
+def _link_timing(plan: Plan, before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]],
+                 calibrated: dict[str, float], dilation: float = 1.0) -> list[LinkTiming]:
+    """How far each delay-line direction's delay was off during one run: its releases' mean error over the
+    run less their mean error while it was calibrated (which the hold already absorbs), in undilated time
+    (`plan`: the undilated directions)."""
+    out = []
+    for d in plan.directions:
+        if d.label not in after:
+            continue
+        packets = after[d.label][0] - before.get(d.label, (0, 0.0))[0]
+        if packets <= 0:
+            continue
+        error = ((after[d.label][1] - before.get(d.label, (0, 0.0))[1]) / packets - calibrated.get(d.label, 0.0)) / dilation
+        out.append(LinkTiming(direction=d.label, configured_delay_s=d.delay_s, packets=packets, mean_error_s=error,
+                              tolerance_s=delay_tolerance(d.delay_s, 0.1e-3)))
+    return out
 
 
 def _restarts(shaper: object) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from testbed.run.breakdown import Breakdown
+from testbed.run.dilation import OFF, Dilation
 from testbed.util import table, units
 from testbed.util.hostload import HostLoad
 from workloads.schedule import GeoPipeSizing
@@ -14,6 +16,31 @@ from workloads.schedule import GeoPipeSizing
 STRETCH_FLAG = 1.05
 """A schedule whose own F/B spans took more than this multiple of the uncontended reference is flagged: its
 own-span bubble ratio is flattered by the stretch (judge it by step time or the bubble vs the reference)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkTiming:
+    """One delay-line direction during one schedule's run (cf. Mininet-HiFi's invariant monitoring): the
+    mean error of the hold it delivered under the run's load, from the daemon's own release times."""
+
+    direction: str
+    configured_delay_s: float
+    packets: int
+    mean_error_s: float
+    """Mean over the run's packets of release time - due time (positive: the link was slower than asked)."""
+    tolerance_s: float
+    """max(3 % of the delay, 0.1 ms): verify's one-way tolerance."""
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.mean_error_s) <= self.tolerance_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LinkTiming:
+        return cls(**{k: v for k, v in data.items() if k != "ok"})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -59,23 +86,37 @@ class ScheduleSummary:
     host_load: HostLoad | None = None
     repeated: int = 0
     """Times this run was measured again because the host was disturbed (hostload.STEAL_BOUND)."""
+    breakdown: Breakdown | None = None
+    """Where the step went per stage and who used the CPU (testbed/run/breakdown.py); None for torch-*."""
+    link_timing: list[LinkTiming] = field(default_factory=list)
+    """Per delay-line direction that carried packets: the hold it delivered during this run (empty on netem)."""
+
+    @property
+    def links_on_time(self) -> bool:
+        """Every delay-line direction delivered its delay within tolerance during the run."""
+        return all(t.ok for t in self.link_timing)
 
     @property
     def stretched(self) -> bool:
         return any(x > STRETCH_FLAG for x in self.span_stretch_per_stage or [])
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "stretched": self.stretched}
+        return {**asdict(self), "stretched": self.stretched,
+                "breakdown": self.breakdown.to_json() if self.breakdown else None,
+                "link_timing": [t.to_json() for t in self.link_timing], "links_on_time": self.links_on_time}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ScheduleSummary:
         """Also reads summaries of 0.1 (`geo_plan`)."""
-        known = {f.name for f in fields(cls)} - {"geopipe_sizing", "host_load"}
+        known = {f.name for f in fields(cls)} - {"geopipe_sizing", "host_load", "breakdown", "link_timing"}
         sizing = data.get("geopipe_sizing", data.get("geo_plan"))
         load = data.get("host_load")
+        split = data.get("breakdown")
         return cls(**{k: v for k, v in data.items() if k in known},
                    geopipe_sizing=GeoPipeSizing.from_json(sizing) if sizing else None,
-                   host_load=HostLoad.from_json(load) if load else None)
+                   host_load=HostLoad.from_json(load) if load else None,
+                   breakdown=Breakdown.from_json(split) if split else None,
+                   link_timing=[LinkTiming.from_json(t) for t in data.get("link_timing", [])])
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,10 +189,13 @@ class RunSummary:
     """RDMA only: per schedule, per rank, the QPs, RDMA MTU, ACK timeout and slot pool to each neighbour."""
     daemon_restarts: int = 0
     """Delay daemons that died during the run and were started again (their lost packets are in `links`)."""
+    dilation: Dilation = OFF
+    """Time dilation of the run (k, the workers' caps, why); every time in the summary is undilated."""
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**data, "stages": [asdict(s) for s in self.stages], "stage_links": [asdict(s) for s in self.stage_links],
+        return {**data, "dilation": self.dilation.to_json(),
+                "stages": [asdict(s) for s in self.stages], "stage_links": [asdict(s) for s in self.stage_links],
                 "links": [lk.to_json() for lk in self.links], "schedules": [s.to_json() for s in self.schedules]}
 
     @classmethod
@@ -161,7 +205,8 @@ class RunSummary:
                       "stages": [StagePlacement(**s) for s in data["stages"]],
                       "stage_links": [StageLink(**s) for s in data["stage_links"]],
                       "links": [LinkRecord.from_json(lk) for lk in data["links"]],
-                      "schedules": [ScheduleSummary.from_json(s) for s in data["schedules"]]})
+                      "schedules": [ScheduleSummary.from_json(s) for s in data["schedules"]],
+                      "dilation": Dilation.from_json(data["dilation"]) if data.get("dilation") else OFF})
 
     def render(self) -> str:
         rows = []

@@ -22,7 +22,7 @@ from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb, nfqueue
 from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError
 from testbed.shaping.calibrate import CALIBRATION_HOLD_S, base_one_way, excess_one_way
-from testbed.shaping.delayline import DaemonConfig, DaemonStats, QueueConfig
+from testbed.shaping.delayline import DaemonConfig, DaemonStats, QueueConfig, Timing
 from testbed.shaping.supervisor import SupervisorStatus
 from testbed.state.records import DaemonFiles, ProcessRecord
 
@@ -84,7 +84,7 @@ class DelaylineShaper(Shaper):
         hold = {d.label: d.delay_s - CALIBRATION_HOLD_S for d in plan.directions}
         for node, directions in incoming.items():
             files = self._files(node)
-            self._write_config(Path(files.config), [self._queue_config(d, hold) for d in directions], generation=0)
+            self._write_config(Path(files.config), [self._queue_config(d, hold) for d in directions], timing=Timing())
             Path(files.stats).unlink(missing_ok=True)
             self._start_daemon(node, files)
             record.daemons[node] = files
@@ -92,16 +92,51 @@ class DelaylineShaper(Shaper):
             for d in directions:
                 self._iptables(node, delivered_rule(d.dst_ifname))
                 self._iptables(node, iptables_rule(d.dst_ifname))
+        self._calibrate(incoming)
+
+    def _incoming(self) -> dict[str, list[LinkDirection]]:
+        incoming: dict[str, list[LinkDirection]] = defaultdict(list)
+        for d in self.directions:
+            incoming[d.dst_node].append(d)
+        return incoming
+
+    def _calibrate(self, incoming: dict[str, list[LinkDirection]]) -> None:
+        """Every direction held CALIBRATION_HOLD_S is measured, its hold set to the asked delay less the path's
+        own latency (or the native path), then trimmed at the hold it keeps."""
+        record = self.record
+        for node, directions in incoming.items():
+            self._write_config(Path(record.daemons[node].config),
+                               [self._queue_config(d, {d.label: d.delay_s - CALIBRATION_HOLD_S}) for d in directions])
+            self._reload(node)
         record.calibration_s = base_one_way(self.backend, installed_hold_s=CALIBRATION_HOLD_S)
         record.native, record.warnings = [], []
-        for d in plan.directions:
+        for d in self.directions:
             self._place_hold(d)
         self.backend.state.save()
         for node, directions in incoming.items():
             config = Path(record.daemons[node].config)
-            self._write_config(config, [self._queue_config(d, record.calibration_s) for d in directions], generation=1)
-            self._reload(node, generation=1)
+            self._write_config(config, [self._queue_config(d, record.calibration_s) for d in directions])
+            self._reload(node)
         self._trim(incoming)
+
+    def retime(self, timing: Timing) -> None:
+        """Every daemon keeps time the new way (priority, spinning), and the links are calibrated again: a
+        daemon's lateness is part of what the calibration subtracts."""
+        incoming = self._incoming()
+        for d in self.directions:
+            if d.label in self.record.native:                  # calibrated with its hold like every other
+                self._hold_again(d)
+        for node in incoming:
+            config = Path(self.record.daemons[node].config)
+            self._write_config(config, DaemonConfig.from_json(json.loads(config.read_text())).queues, timing=timing)
+            self._reload(node)
+        self._calibrate(incoming)
+
+    def timing(self) -> Timing:
+        """How the daemons keep time (their configuration files)."""
+        for files in self.record.daemons.values():
+            return DaemonConfig.from_json(json.loads(Path(files.config).read_text())).timing
+        return Timing()
 
     def _trim(self, incoming: dict[str, list[LinkDirection]]) -> None:
         """Closed loop: each held direction measured again at its real hold, re-corrected by the residual.
@@ -116,15 +151,27 @@ class DelaylineShaper(Shaper):
                 if d.label in record.native:
                     continue
                 hold = d.delay_s - record.calibration_s[d.label]
+                before = self._fresh_counters(node).get(d.label, (0, 0.0))
                 excess = excess_one_way(self.backend, d, hold)
+                after = self._fresh_counters(node).get(d.label, (0, 0.0))
+                if after[0] > before[0]:
+                    record.release_error_s[d.label] = (after[1] - before[1]) / (after[0] - before[0])
                 if abs(excess - record.calibration_s[d.label]) > TRIM_THRESHOLD_S:
                     record.calibration_s[d.label], changed = excess, True
             if changed:
                 config = Path(record.daemons[node].config)
-                self._write_config(config, [self._queue_config(d, record.calibration_s) for d in directions],
-                                   generation=2)
-                self._reload(node, generation=2)
+                self._write_config(config, [self._queue_config(d, record.calibration_s) for d in directions])
+                self._reload(node)
         self.backend.state.save()
+
+    def _fresh_counters(self, node: str) -> dict[str, tuple[int, float]]:
+        """hold_counters() with the node's daemon made to write its statistics now (a reload of the same
+        configuration: the daemon writes them when it takes a new generation)."""
+        config = Path(self.record.daemons[node].config)
+        current = DaemonConfig.from_json(json.loads(config.read_text()))
+        self._write_config(config, current.queues)
+        self._reload(node)
+        return self.hold_counters()
 
     def _place_hold(self, direction: LinkDirection) -> None:
         """A hold on the delay line, or the native path, for one direction, with a warning that names which.
@@ -140,12 +187,8 @@ class DelaylineShaper(Shaper):
         if native and not was_native:
             self._iptables(direction.dst_node, iptables_rule(direction.dst_ifname, "-D"))
             record.native.append(label)
-        elif was_native and not native:       # the delivery counter restarts first: it may only under-count
-            delivered = delivered_rule(direction.dst_ifname)
-            self._iptables(direction.dst_node, [*delivered[:2], "-D", *delivered[3:]])
-            self._iptables(direction.dst_node, delivered)
-            self._iptables(direction.dst_node, iptables_rule(direction.dst_ifname))
-            record.native.remove(label)
+        elif was_native and not native:
+            self._hold_again(direction)
         record.warnings = [w for w in record.warnings if not w.startswith(label + ":")]
         if native:
             record.warnings.append(
@@ -157,14 +200,28 @@ class DelaylineShaper(Shaper):
                 f"(~{(path + WAKEUP_FLOOR_S) * 1e3:.2f} ms: path {path * 1e6:.0f} us + daemon wake-up); "
                 "verify shows the real figure; netem (a stock kernel) goes lower")
 
+    def _hold_again(self, direction: LinkDirection) -> None:
+        """A native-path direction back on the delay line (the delivery counter restarts first: it may only
+        under-count)."""
+        delivered = delivered_rule(direction.dst_ifname)
+        self._iptables(direction.dst_node, [*delivered[:2], "-D", *delivered[3:]])
+        self._iptables(direction.dst_node, delivered)
+        self._iptables(direction.dst_node, iptables_rule(direction.dst_ifname))
+        self.record.native.remove(direction.label)
+
     @staticmethod
-    def _write_config(path: Path, queues: list[QueueConfig], generation: int) -> None:
+    def _write_config(path: Path, queues: list[QueueConfig], timing: Timing | None = None) -> None:
+        """A new generation of a daemon's configuration; the timing stays as it was unless given."""
+        old = DaemonConfig.from_json(json.loads(path.read_text())) if path.exists() else None
+        config = DaemonConfig(old.generation + 1 if old else 0, queues,
+                              timing or (old.timing if old else Timing()))
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(DaemonConfig(generation, queues).to_json(), indent=1))
+        tmp.write_text(json.dumps(config.to_json(), indent=1))
         os.replace(tmp, path)
 
-    def _reload(self, node: str, generation: int) -> None:
-        """SIGHUP the node's daemon and wait until it reports the new config generation."""
+    def _reload(self, node: str) -> None:
+        """SIGHUP the node's daemon and wait until it reports its config file's generation."""
+        generation = DaemonConfig.from_json(json.loads(Path(self.record.daemons[node].config).read_text())).generation
         daemon = self._daemon(node)
         if daemon is None or not daemon.alive():
             raise ShaperError(f"delay daemon on {node} is not running; 'testbed verify' shows why")
@@ -218,8 +275,8 @@ class DelaylineShaper(Shaper):
         config = DaemonConfig.from_json(json.loads(config_path.read_text()))
         new = self._queue_config(direction, record.calibration_s)
         queues = [new if q.queue == new.queue else q for q in config.queues]
-        self._write_config(config_path, queues, config.generation + 1)
-        self._reload(direction.dst_node, config.generation + 1)
+        self._write_config(config_path, queues)
+        self._reload(direction.dst_node)
         self._place_hold(direction)
         self.backend.state.save()
 
@@ -251,6 +308,19 @@ class DelaylineShaper(Shaper):
             return DaemonStats.from_json(json.loads(Path(files.stats).read_text()))
         except (FileNotFoundError, json.JSONDecodeError):
             return None
+
+    def hold_counters(self) -> dict[str, tuple[int, float]]:
+        """Per direction (label): packets released so far and the sum of their release error (seconds, signed:
+        release time less due time), from the daemons' statistics; differences over a run, less the mean
+        error while calibrating (`release_error_s`, which the calibration absorbed), give the error of the
+        delay the link delivered under the run's load."""
+        out = {}
+        for d in self.directions:
+            stats = self.daemon_stats(d.dst_node)
+            q = stats.queues.get(queue_number(d.dst_ifname)) if stats else None
+            if q is not None and d.label not in self.record.native:
+                out[d.label] = (q.released, q.error_us_sum / 1e6)
+        return out
 
     def health(self) -> Health:
         report = Health()

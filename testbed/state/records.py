@@ -64,6 +64,10 @@ class ShaperRecord:
     warnings: list[str] = field(default_factory=list)
     daemons: dict[str, DaemonFiles] = field(default_factory=dict)
     """Delay-line daemon per receiving router."""
+    release_error_s: dict[str, float] = field(default_factory=dict)
+    """Delay line: per direction, the daemon's mean release error (release - due) while the calibration measured
+    the hold it keeps; the calibration absorbed it, so a run's delivered delay is off by its own mean error
+    less this."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,7 +76,8 @@ class ShaperRecord:
     def from_json(cls, data: dict[str, Any]) -> ShaperRecord:
         return cls(name=data["name"], calibration_s=dict(data.get("calibration_s", {})),
                    native=list(data.get("native", [])), warnings=list(data.get("warnings", [])),
-                   daemons={node: DaemonFiles(**files) for node, files in data.get("daemons", {}).items()})
+                   daemons={node: DaemonFiles(**files) for node, files in data.get("daemons", {}).items()},
+                   release_error_s=dict(data.get("release_error_s", {})))
 
 
 @dataclass(frozen=True, slots=True)

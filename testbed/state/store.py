@@ -13,11 +13,11 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from testbed.plan.model import Plan
+from testbed.plan.model import LinkDirection, Plan
 from testbed.state.records import MininetRecord, ProcessRecord, RdmaRecord, ShaperRecord
 
 Phase = Literal["creating", "up", "destroying"]
@@ -48,6 +48,10 @@ class TestbedState:
     """Mininet backend only."""
     rdma: RdmaRecord | None = None
     """SoftRoCE devices (topology `rdma: softroce` or `--rdma softroce`)."""
+    cgroups: list[str] = field(default_factory=list)
+    """CPU-capped cgroups of a dilated run (testbed/run/dilation.py), by path, recorded before each exists."""
+    undilated: list[LinkDirection] = field(default_factory=list)
+    """While a dilated run has the OTN links slowed down: the directions as they were (restored after it)."""
 
     @property
     def path(self) -> Path:
@@ -64,7 +68,8 @@ class TestbedState:
                 "plan": self.plan.to_json(),
                 "shaper": self.shaper.to_json() if self.shaper else None,
                 "mininet": self.mininet.to_json() if self.mininet else None,
-                "rdma": self.rdma.to_json() if self.rdma else None}
+                "rdma": self.rdma.to_json() if self.rdma else None, "cgroups": list(self.cgroups),
+                "undilated": [asdict(d) for d in self.undilated]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TestbedState:
@@ -79,7 +84,9 @@ class TestbedState:
                    plan=Plan.from_json(data["plan"]),
                    shaper=ShaperRecord.from_json(shaper) if shaper else None,
                    mininet=MininetRecord.from_json(mininet) if mininet else None,
-                   rdma=RdmaRecord.from_json(data["rdma"]) if data.get("rdma") else None)
+                   rdma=RdmaRecord.from_json(data["rdma"]) if data.get("rdma") else None,
+                   cgroups=list(data.get("cgroups", [])),
+                   undilated=[LinkDirection.from_json(d) for d in data.get("undilated", [])])
 
     def save(self) -> None:
         """Atomically replace the state file (write, fsync, rename)."""

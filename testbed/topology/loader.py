@@ -36,7 +36,7 @@ RDMA_KINDS = ("none", "softroce")
 RDMA_MIN_LINK_MTU = 1100
 """RoCE needs an RDMA MTU of at least 1024 plus its headers on every OTN hop."""
 DEFAULT_KEYS = {"fabric", "link"}
-FABRIC_KEYS = {"rate", "latency"}
+FABRIC_KEYS = {"rate", "latency", "mtu"}
 DC_KEYS = {"hosts", "fabric", "link"}
 LINK_DEFAULT_KEYS = {"rate", "mtu", "lossless", "jitter", "loss", "extra_delay"}
 DIRECTION_KEYS = {"rate", "delay", "extra_delay", "jitter", "loss"}
@@ -196,15 +196,25 @@ def _build(raw: Any, check: _Checker, source: str) -> Topology | None:
     links, pairs = _build_links(top.get("links"), dcs, link_default, dc_link_defaults, check)
     _check_connected(dcs, pairs, check)
     base = _build_addressing(top.get("addressing"), len(dcs), len(links), check)
-    rdma = _build_rdma(top.get("rdma", "none"), links, check)
+    rdma = _build_rdma(top.get("rdma", "none"), links, dcs, check)
     if check.problems or name is None or base is None:
         return None
     return Topology(name=name, description=description, source=source, datacenters=tuple(dcs),
                     links=tuple(links), address_base=base, rdma=rdma)
 
 
-def _build_rdma(raw: Any, links: list[OtnLink], check: _Checker) -> str:
-    """`rdma: softroce` gives every host an rxe device; RoCE frames must fit every OTN link's MTU."""
+def _mtu(raw: Any, path: str, check: _Checker) -> int | None:
+    """An IP MTU from 576 to 9000 (None where absent or refused)."""
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 576 <= raw <= 9000:
+        check.add(path, f"MTU {raw!r} is out of range", "use an integer from 576 to 9000")
+        return None
+    return raw
+
+
+def _build_rdma(raw: Any, links: list[OtnLink], dcs: list[Datacenter], check: _Checker) -> str:
+    """`rdma: softroce` gives every host an rxe device; RoCE frames must fit every OTN link's and fabric's MTU."""
     if raw not in RDMA_KINDS:
         check.add("rdma", f"unknown RDMA kind {raw!r}", f"use one of: {', '.join(RDMA_KINDS)}")
         return "none"
@@ -213,6 +223,10 @@ def _build_rdma(raw: Any, links: list[OtnLink], check: _Checker) -> str:
             if link.mtu < RDMA_MIN_LINK_MTU:
                 check.add(f"links[{link.index}].mtu", f"MTU {link.mtu} is too small for RoCE (rdma: softroce)",
                           f"use mtu: {RDMA_MIN_LINK_MTU} or more (9000 carries RDMA MTU 4096)")
+        for dc in dcs:
+            if dc.fabric.mtu is not None and dc.fabric.mtu < RDMA_MIN_LINK_MTU:
+                check.add(f"datacenters.{dc.name}.fabric.mtu", f"MTU {dc.fabric.mtu} is too small for RoCE "
+                          "(rdma: softroce)", f"use mtu: {RDMA_MIN_LINK_MTU} or more, or leave it out (9000)")
     return str(raw)
 
 
@@ -236,10 +250,11 @@ def _build_datacenters(raw: Any, fabric_default: dict[str, Any], check: _Checker
         rate = check.quantity(fabric_raw["rate"], _join(path, "fabric.rate"), units.parse_rate, strict=True,
                               maximum=MAX_RATE_BPS)
         latency = check.quantity(fabric_raw["latency"], _join(path, "fabric.latency"), units.parse_time)
+        mtu = _mtu(fabric_raw.get("mtu"), _join(path, "fabric.mtu"), check)
         hosts = _build_hosts(spec.get("hosts", 0), dc_name, _join(path, "hosts"), host_owner, check)
         link_defaults[dc_name] = check.mapping(spec.get("link"), _join(path, "link"), LINK_DEFAULT_KEYS)
         if rate is not None and latency is not None:
-            dcs.append(Datacenter(name=dc_name, hosts=hosts, fabric=Fabric(rate_bps=rate, latency_s=latency)))
+            dcs.append(Datacenter(name=dc_name, hosts=hosts, fabric=Fabric(rate_bps=rate, latency_s=latency, mtu=mtu)))
     routers = {f"{dc.name}{ROUTER_SUFFIX}" for dc in dcs}
     for host, dc_name in host_owner.items():
         if host in routers:
@@ -335,10 +350,7 @@ def _build_link(index: int, a: str, b: str, spec: dict[str, Any], path: str, lin
             check.add(path, "link has neither 'distance' nor 'delay'",
                       "add 'distance: 1000km' (5 us/km of fibre) or an explicit one-way 'delay: 5ms'")
         return None
-    mtu = spec.get("mtu", link_default["mtu"])
-    if isinstance(mtu, bool) or not isinstance(mtu, int) or not 576 <= mtu <= 9000:
-        check.add(_join(path, "mtu"), f"MTU {mtu!r} is out of range", "use an integer from 576 to 9000")
-        mtu = None
+    mtu = _mtu(spec.get("mtu", link_default["mtu"]), _join(path, "mtu"), check)
     lossless = check.boolean(spec.get("lossless", link_default["lossless"]), _join(path, "lossless"))
     real_rate = None
     if "real_rate" in spec:

@@ -19,6 +19,8 @@ class Fabric:
     """Per-host port rate, bits/s."""
     latency_s: float
     """One-way host-to-router latency, seconds."""
+    mtu: int | None = None
+    """IP MTU of the DC's host ports and bridge; None: 1500, or 9000 with `rdma: softroce`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,276 @@
+"""Where a step's time went, per stage, and who used the machine's CPU meanwhile: the testbed's own cost,
+measured rather than guessed.
+
+Per stage, over the steady iterations (means, so the parts add up to the step exactly):
+
+    step = reference                 the stage's F+B alone (workloads/reference.py), measured in the same run
+                                     before and after its iterations (their mean)
+         + compute_cpu_excess        its F/B spans ran more CPU than alone (caches, softirqs served in its
+                                     context, a slower host moment); negative when they ran less
+         + compute_preempted         its F/B spans sat on the run queue: other threads had its core
+         + compute_blocked           its F/B spans slept (page faults, locks)
+         + waiting                   blocked on a receive or the final sends, of which `ideal_wait` is what
+                                     the schedule must wait with this compute on the configured links
+                                     (the simulator, no per-message cost) and the rest is the transport's and
+                                     the emulator's cost beyond the configured link
+         + executor                  the executor's own work between spans (posting, allocating, accounting)
+         + skew                      the step is first start to last end over every stage; this stage's share
+                                     of it outside its own iteration
+
+`ideal_step` is the simulator's step with the reference compute and the configured links: what the step
+would be if the testbed cost nothing; `overhead = step - ideal_step` is the apparatus's cost.
+
+The CPU ledger (whole machine, per step): the workers' compute, the executor, each kind of worker thread
+(gloo's I/O loop, ...), each watched group (delay daemons, the runner), the rest of the busy time (kernel,
+softirqs in idle context, other processes), steal and idle, from the workers' per-iteration readings
+(workloads/threadclock.py, workloads/hostcpu.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from testbed.util import table
+from workloads import schedule as S
+from workloads.records import IterationRecord, RankTrace
+from workloads.simulate import Costs, Deadlock, simulate
+
+COMPONENTS = ("compute_cpu_excess_s", "compute_preempted_s", "compute_blocked_s", "wait_beyond_ideal_s",
+              "executor_s", "skew_s")
+"""The parts of a step beyond the ideal pipeline, in the order tables show them."""
+LABELS = {
+    "compute_cpu_excess_s": "compute ran slower than alone (CPU)",
+    "compute_preempted_s": "compute preempted (run queue)",
+    "compute_blocked_s": "compute blocked (slept)",
+    "wait_beyond_ideal_s": "waiting beyond the ideal pipeline",
+    "executor_s": "executor between spans",
+    "skew_s": "start/end skew between stages",
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class StageBreakdown:
+    """One stage's mean step, split (seconds per step)."""
+
+    stage: int
+    step_s: float
+    reference_s: float
+    compute_cpu_excess_s: float
+    compute_preempted_s: float
+    compute_blocked_s: float
+    wait_s: float
+    ideal_wait_s: float | None
+    executor_s: float
+    executor_cpu_s: float
+    """Of `executor_s`, the main thread's CPU (the rest is its run-queue wait and sleep)."""
+    skew_s: float
+    ideal_tail_s: float | None = None
+    """In the ideal pipeline, the time this stage ends before the last one (its share of the step it idles)."""
+
+    @property
+    def wait_beyond_ideal_s(self) -> float:
+        ideal = (self.ideal_wait_s or 0.0) + (self.ideal_tail_s or 0.0)
+        return self.wait_s - ideal
+
+    def component(self, name: str) -> float:
+        return float(getattr(self, name))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "wait_beyond_ideal_s": self.wait_beyond_ideal_s}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StageBreakdown:
+        return cls(**{k: v for k, v in data.items() if k != "wait_beyond_ideal_s"})
+
+
+@dataclass(kw_only=True, slots=True)
+class CpuShare:
+    """One consumer of the machine's CPU, per step."""
+
+    name: str
+    cpu_s: float
+    """CPU seconds per step (all cores together)."""
+    fraction: float
+    """Of the machine's capacity (cores x step)."""
+    runq_s: float | None = None
+    """Time its threads waited runnable for a core, per step (workers' threads only)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Breakdown:
+    """A schedule's step, split per stage, the machine's CPU ledger, and the contributors ranked."""
+
+    stages: list[StageBreakdown]
+    step_s: float
+    """Mean step over the steady iterations (the parts add up to it; the summary's step is the median)."""
+    ideal_step_s: float | None
+    """The simulator's step with the reference compute and the configured links: the testbed costing nothing."""
+    cpu: list[CpuShare] = field(default_factory=list)
+    cpus: int = 0
+
+    @property
+    def overhead_s(self) -> float | None:
+        return None if self.ideal_step_s is None else self.step_s - self.ideal_step_s
+
+    def ranked(self) -> list[tuple[str, float]]:
+        """The parts beyond the ideal pipeline, mean over stages, largest first (seconds per step)."""
+        means = [(name, statistics.mean(s.component(name) for s in self.stages)) for name in COMPONENTS]
+        return sorted(means, key=lambda item: -item[1])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stages": [s.to_json() for s in self.stages], "step_s": self.step_s, "ideal_step_s": self.ideal_step_s,
+                "overhead_s": self.overhead_s, "cpu": [asdict(c) for c in self.cpu], "cpus": self.cpus,
+                "ranked": [[name, value] for name, value in self.ranked()]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Breakdown:
+        return cls(stages=[StageBreakdown.from_json(s) for s in data["stages"]], step_s=data["step_s"],
+                   ideal_step_s=data.get("ideal_step_s"), cpu=[CpuShare(**c) for c in data.get("cpu", [])],
+                   cpus=int(data.get("cpus", 0)))
+
+
+def breakdown(ranks: list[RankTrace], link_delay_s: list[float], link_rate_bps: list[float],
+              receiver_driven: bool = True) -> Breakdown | None:
+    """The breakdown of one schedule's run from its rank traces; None where the ranks recorded no per-span
+    clocks (PyTorch's schedules, traces of older releases)."""
+    steady = [i for i, it in enumerate(ranks[0].iterations) if not it.warmup]
+    if not steady or not all(_instrumented(r.iterations[i]) for r in ranks for i in steady) \
+            or not all(r.reference_compute_s for r in ranks):
+        return None
+    steps = [max(r.iterations[i].end for r in ranks) - min(r.iterations[i].start for r in ranks) for i in steady]
+    step = statistics.mean(steps)
+    stages = [_stage(r, [r.iterations[i] for i in steady], steps) for r in ranks]
+    ideal = _ideal(ranks, stages, link_delay_s, link_rate_bps, receiver_driven)
+    result = Breakdown(stages=stages, step_s=step, ideal_step_s=ideal.iteration_s if ideal else None,
+                       cpu=_ledger(ranks, steady), cpus=_cpus(ranks, steady))
+    if ideal is not None:
+        for s, st in enumerate(stages):
+            st.ideal_wait_s = ideal.exposed_comm_s[s]
+            st.ideal_tail_s = ideal.iteration_s - ideal.end_s[s]
+    return result
+
+
+def _instrumented(it: IterationRecord) -> bool:
+    return bool(it.spans) and all(s.cpu_s is not None for s in it.spans) and it.main_cpu_s is not None
+
+
+def _stage(rank: RankTrace, its: list[IterationRecord], steps: list[float]) -> StageBreakdown:
+    def mean(values: list[float]) -> float:
+        return statistics.mean(values)
+
+    compute = [[s for s in it.spans if s.kind in ("F", "B")] for it in its]
+    waits = [[s for s in it.spans if s.kind.startswith("wait")] for it in its]
+    wall = mean([sum(s.seconds for s in c) for c in compute])
+    cpu = mean([sum(s.cpu_s or 0.0 for s in c) for c in compute])
+    runq = mean([sum(s.runq_s or 0.0 for s in c) for c in compute])
+    wait = mean([sum(s.seconds for s in w) for w in waits])
+    wait_cpu = mean([sum(s.cpu_s or 0.0 for s in w) for w in waits])
+    own = mean([it.end - it.start for it in its])
+    reference = statistics.mean(rank.reference_compute_s)      # this run's own: before and after its iterations
+    return StageBreakdown(
+        stage=rank.rank, step_s=mean(steps), reference_s=reference, compute_cpu_excess_s=cpu - reference,
+        compute_preempted_s=runq, compute_blocked_s=wall - cpu - runq, wait_s=wait, ideal_wait_s=None,
+        executor_s=own - wall - wait, executor_cpu_s=mean([it.main_cpu_s or 0.0 for it in its]) - cpu - wait_cpu,
+        skew_s=mean(steps) - own)
+
+
+def _ideal(ranks: list[RankTrace], stages: list[StageBreakdown], link_delay_s: list[float],
+           link_rate_bps: list[float], receiver_driven: bool) -> Any:
+    """The schedule the ranks ran, simulated with each stage's reference compute (split into F and B as its
+    spans were) on the configured links, with no per-message or executor cost."""
+    try:
+        schedule = [[S.Action.parse(a) for a in r.actions] for r in ranks]
+    except ValueError:
+        return None
+    if not all(schedule):
+        return None
+    fwd, bwd = [], []
+    for r, st in zip(ranks, stages, strict=True):
+        f = statistics.mean(it.forward_s or 0.0 for it in r.steady)
+        b = statistics.mean(it.backward_s or 0.0 for it in r.steady)
+        per_mb = st.reference_s / max(1, r.config.microbatches)
+        share = f / (f + b) if f + b > 0 else 0.5
+        fwd.append(per_mb * share)
+        bwd.append(per_mb * (1 - share))
+    costs = Costs(fwd, bwd, list(link_delay_s), [r / 8 for r in link_rate_bps], int(ranks[0].activation_bytes or 0),
+                  0, 0.0, None, receiver_driven=receiver_driven)
+    try:
+        return simulate(schedule, costs)
+    except Deadlock:
+        return None
+
+
+def _cpus(ranks: list[RankTrace], steady: list[int]) -> int:
+    hosts = [ranks[0].iterations[i].host for i in steady]
+    return hosts[0].cpus if hosts and hosts[0] is not None else 0
+
+
+def _ledger(ranks: list[RankTrace], steady: list[int]) -> list[CpuShare]:
+    """Who used the machine's CPU per iteration: rank 0's host readings for the machine, every rank's threads for
+    the workers (each rank's own window: they overlap to within the skew)."""
+    hosts = [ranks[0].iterations[i].host for i in steady]
+    if not hosts or any(h is None for h in hosts):
+        return []
+    n = len(steady)
+    wall = sum(h.wall_s for h in hosts if h is not None) / n
+    cpus = hosts[0].cpus if hosts[0] is not None else 1
+    capacity = wall * cpus
+    shares: dict[str, list[float]] = {}
+
+    def add(name: str, cpu: float, runq: float | None = None) -> None:
+        entry = shares.setdefault(name, [0.0, 0.0 if runq is not None else -1.0])
+        entry[0] += cpu / n
+        if runq is not None:
+            entry[1] = max(entry[1], 0.0) + runq / n
+
+    for r in ranks:
+        for i in steady:
+            it = r.iterations[i]
+            spans_cpu = sum(s.cpu_s or 0.0 for s in it.spans if s.kind in ("F", "B"))
+            spans_runq = sum(s.runq_s or 0.0 for s in it.spans if s.kind in ("F", "B"))
+            add("workers: compute (F/B spans)", spans_cpu, spans_runq)
+            add("workers: executor and waits", (it.main_cpu_s or 0.0) - spans_cpu, (it.main_runq_s or 0.0) - spans_runq)
+            for t in it.threads:
+                if t.name != "main":
+                    add(f"workers: {t.name} threads", t.cpu_s, t.runq_s)
+    for h in hosts:
+        assert h is not None
+        for name, cpu in h.groups.items():
+            add(name, cpu)
+    attributed = sum(v[0] for v in shares.values())
+    states = {k: sum(h.states.get(k, 0.0) for h in hosts if h is not None) / n
+              for k in ("idle", "iowait", "steal", "softirq")}
+    busy = capacity - states["idle"] - states["iowait"] - states["steal"]
+    add("kernel and other processes (busy, not attributed)", max(0.0, busy - attributed))
+    add("steal (hypervisor)", states["steal"])
+    add("idle", states["idle"] + states["iowait"])
+    result = [CpuShare(name=name, cpu_s=v[0], fraction=v[0] / capacity if capacity else 0.0,
+                       runq_s=None if v[1] < 0 else v[1]) for name, v in shares.items()]
+    result.append(CpuShare(name="of which softirq (tick-sampled, also in the threads it interrupted)",
+                           cpu_s=states["softirq"], fraction=states["softirq"] / capacity if capacity else 0.0))
+    return result
+
+
+def render(name: str, split: Breakdown) -> str:
+    """The step split per stage (ms per step, parts beyond the ideal pipeline ranked) and the CPU ledger."""
+    ms = lambda v: f"{v * 1e3:+.0f}" if v is not None else "-"           # noqa: E731
+    stages = split.stages
+    head = ["part of the step (ms)", *(f"stage {s.stage}" for s in stages), "mean"]
+    rows: list[list[object]] = [["step", *(f"{s.step_s * 1e3:.0f}" for s in stages), f"{split.step_s * 1e3:.0f}"],
+                                ["reference compute (alone)", *(f"{s.reference_s * 1e3:.0f}" for s in stages), ""],
+                                ["ideal waiting (schedule + links)",
+                                 *(ms((s.ideal_wait_s or 0) + (s.ideal_tail_s or 0)) for s in stages), ""]]
+    for part, mean in split.ranked():
+        rows.append([LABELS[part], *(ms(s.component(part)) for s in stages), ms(mean)])
+    ideal = (f"ideal step {split.ideal_step_s * 1e3:.0f} ms, measured {split.step_s * 1e3:.0f} ms: the testbed's own "
+             f"cost {split.overhead_s * 1e3:+.0f} ms ({split.overhead_s / split.step_s:.1%} of the step)"
+             if split.ideal_step_s is not None and split.overhead_s is not None else "no ideal step (not simulated)")
+    out = [table.render(head, rows, title=f"{name}: where the step went ({ideal})")]
+    if split.cpu:
+        out.append(table.render(
+            ["who used the CPU (per iteration)", "CPU ms", f"of {split.cpus} cores", "waited for a core ms"],
+            [[c.name, f"{c.cpu_s * 1e3:.0f}", f"{c.fraction:.1%}", "" if c.runq_s is None else f"{c.runq_s * 1e3:.0f}"]
+             for c in split.cpu]))
+    return "\n\n".join(out)
