@@ -12,6 +12,7 @@ during the runs, and each variant's step against the first.
 Comparisons:
   daemon   the delay daemons' timing: normal priority vs SCHED_FIFO, spinning to releases or not
   mtu      MTU 1500 vs 9000 on the OTN link and the DC fabric (two testbeds, alternating)
+  tcp      the hosts' TCP: BBR with slow start after idle (this machine's Linux default) vs reno without
   comm     the workers' communication threads (gloo's I/O loop) at normal vs real-time priority
   dilation time dilation off vs on (workers capped, link delay x k and rate / k, times / k)
 """
@@ -52,7 +53,7 @@ class Variant:
     timing: Timing | None = None
     options: dict[str, Any] = field(default_factory=dict)
     topology: dict[str, Any] | None = None
-    """Overrides merged into the topology file's `defaults` (a testbed of its own)."""
+    """Overrides merged into the topology file (a testbed of its own)."""
 
 
 COMPARISONS: dict[str, list[Variant]] = {
@@ -60,8 +61,12 @@ COMPARISONS: dict[str, list[Variant]] = {
                Variant("SCHED_FIFO, spin", timing=Timing(realtime=True, spin=True)),
                Variant("SCHED_FIFO, no spin", timing=Timing(realtime=True, spin=False)),
                Variant("normal priority, no spin", timing=Timing(realtime=False, spin=False))],
-    "mtu": [Variant("MTU 1500", topology={"link": {"mtu": 1500}, "fabric": {"mtu": 1500}}),
-            Variant("MTU 9000", topology={"link": {"mtu": 9000}, "fabric": {"mtu": 9000}})],
+    "mtu": [Variant("MTU 1500", topology={"defaults": {"link": {"mtu": 1500}, "fabric": {"mtu": 1500}}}),
+            Variant("MTU 9000", topology={"defaults": {"link": {"mtu": 9000}, "fabric": {"mtu": 9000}}})],
+    "tcp": [Variant("bbr, slow start after idle (Linux here)",
+                    topology={"tcp": {"congestion_control": "bbr", "slow_start_after_idle": True}}),
+            Variant("reno, no slow start after idle", topology={"tcp": {"congestion_control": "reno",
+                                                                         "slow_start_after_idle": False}})],
     "comm": [Variant("comm threads normal", options={"comm_priority": "normal"}),
              Variant("comm threads real-time", options={"comm_priority": "realtime"})],
     "dilation": [Variant("no dilation", options={"dilation": "off"}),
@@ -114,9 +119,7 @@ def _topology_key(v: Variant) -> str:
 
 def _up(name: str, overrides: dict[str, Any] | None, km: float) -> None:
     source = resolve_topology("2dc-1000km")
-    doc = yaml.safe_load(source.read_text())
-    for section, values in (overrides or {}).items():
-        doc.setdefault("defaults", {}).setdefault(section, {}).update(values)
+    doc = _merged(yaml.safe_load(source.read_text()), overrides or {})
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(doc, f)
     try:
@@ -126,6 +129,13 @@ def _up(name: str, overrides: dict[str, Any] | None, km: float) -> None:
     backend = lifecycle.open_backend(name)
     swept = backend.state.plan.directions[0]
     set_link(backend, swept.src_dc, swept.dst_dc, delay_s=km * FIBRE_DELAY_S_PER_KM)
+
+
+def _merged(doc: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = dict(doc)
+    for key, value in overrides.items():
+        out[key] = _merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
 
 
 def _apply(backend: Backend, v: Variant) -> None:

@@ -31,7 +31,6 @@ from testbed.topology import TopologyError, load_topology
 from testbed.util import units
 from testbed.util.interrupts import Interrupted, unwinding
 from testbed.util.paths import DEFAULT_TOPOLOGY, resolve_topology
-from workloads.commthreads import DEFAULT_COMM_PRIORITY as COMM_PRIORITY
 
 if TYPE_CHECKING:
     from testbed.run.runner import RunOptions
@@ -217,7 +216,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         microbatch_counts=[int(x) for x in args.microbatch_counts.split(",")] if args.microbatch_counts else [],
         memory_budget=None if args.memory_budget in (None, "", "none") else _budget(args.memory_budget),
         results=args.results,
-        backend=args.backend, switch=args.switch, transports=_transports(args.transports))
+        backend=args.backend, switch=args.switch, transports=_transports(args.transports), dilation=args.dilation)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
                   TimeElapsedColumn()) as progress:
         holder: dict[str, int] = {}
@@ -377,10 +376,7 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_apparatus_args(p: argparse.ArgumentParser) -> None:
-    """How the testbed keeps its own cost off the measurement (make bench-overhead compares these)."""
-    p.add_argument("--comm-priority", default=COMM_PRIORITY, choices=["normal", "realtime"],
-                   help="the workers' communication threads (gloo's I/O loop): realtime (SCHED_FIFO) takes a message "
-                        f"off the socket at once instead of after the compute's time slice (default {COMM_PRIORITY})")
+    """How the testbed keeps its own cost off the measurement (make bench-overhead compares the choices)."""
     p.add_argument("--dilation", default=DILATION,
                    help="time dilation (DieCast): off, auto (each worker capped so that the workers leave a reserve of "
                         "the cores to the delay daemons and I/O threads; k = workers / (cores - reserve)) or a factor "
@@ -396,8 +392,7 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
         memory_budget=args.memory_budget, stages=args.stages, placement=args.placement,
         hang_timeout_s=args.hang_timeout, lr=args.lr, seed=args.seed, dump_gradients=args.dump_gradients,
-        transport=args.transport, rdma_slots=args.rdma_slots, comm_priority=args.comm_priority,
-        dilation=args.dilation)
+        transport=args.transport, rdma_slots=args.rdma_slots, dilation=args.dilation)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -514,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transports", default="tcp",
                    help="comma-separated tcp,rdma: with rdma, a transport sweep at the focus (our schedules over each; "
                         "needs rxe in namespaces, Linux >= 7.1: run it under 'testbed vm')")
+    _add_apparatus_args(p)
     p.add_argument("--resume", metavar="RESULTS_DIR",
                    help="complete a stopped experiment: run only its missing points, with its recorded options "
                         "(the options above are then ignored); refused if the topology, code or machine changed")

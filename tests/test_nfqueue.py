@@ -2,6 +2,8 @@
 
 import struct
 
+import pytest
+
 from testbed.shaping import nfqueue
 
 
@@ -43,7 +45,7 @@ def test_config_asks_for_gso_and_no_fail_open() -> None:
     assert struct.unpack("!I", attrs[nfqueue.NFQA_CFG_FLAGS])[0] == nfqueue.NFQA_CFG_F_GSO
     mask = struct.unpack("!I", attrs[nfqueue.NFQA_CFG_MASK])[0]
     assert mask & nfqueue.NFQA_CFG_F_FAIL_OPEN    # explicitly cleared
-    assert attrs[nfqueue.NFQA_CFG_PARAMS][4] == nfqueue.NFQNL_COPY_META
+    assert struct.unpack("!IB", attrs[nfqueue.NFQA_CFG_PARAMS][:5]) == (1, nfqueue.NFQNL_COPY_PACKET)   # 1 byte
 
 
 def test_error_messages_parse_as_acks_and_errors() -> None:
@@ -57,3 +59,24 @@ def test_proc_counters() -> None:
     text = "    0   7738     3 1     0     2     5       10  1\n"
     q = nfqueue.parse_proc(text)[0]
     assert (q.portid, q.waiting, q.dropped, q.user_dropped, q.id_sequence) == (7738, 3, 2, 5, 10)
+
+
+def test_packet_length_comes_with_metadata_only_copies() -> None:
+    """With one byte copied the kernel says how long the packet is (NFQA_CAP_LEN): the delay line adds that
+    packet's serialization time to its hold."""
+    attrs = (nfqueue._attr(nfqueue.NFQA_PACKET_HDR, struct.pack("!IHB", 7, 0x0800, 0))
+             + nfqueue._attr(nfqueue.NFQA_CAP_LEN, struct.pack("!I", 65536)))
+    (item,) = nfqueue.parse(nfqueue._message(nfqueue.NFQNL_MSG_PACKET, 1, attrs, seq=0, flags=0))
+    assert (item.packet_id, item.length) == (7, 65536)
+
+
+def test_serialization_of_a_frame_and_of_a_gso_packet() -> None:
+    """Hand-computed at 1 Gbit/s, MTU 1500: one 1500 B packet is 1514 B on the wire (12.1 us); a 64 KiB GSO
+    packet is 44 frames, each with an Ethernet header and 43 of them with their own IP+TCP headers:
+    65536 + 44 x 14 + 43 x 52 = 68388 B (547 us). No rate or no length: nothing added."""
+    from testbed.shaping.delayline import serialization_s
+
+    assert serialization_s(1500, 1e9, 1500) == pytest.approx(1514 * 8 / 1e9)
+    assert serialization_s(65536, 1e9, 1500) == pytest.approx(68388 * 8 / 1e9)
+    assert serialization_s(65536, 1e9, 9000) == pytest.approx((65536 + 8 * 14 + 7 * 52) * 8 / 1e9)
+    assert serialization_s(None, 1e9, 1500) == 0.0 and serialization_s(1500, 0.0, 1500) == 0.0

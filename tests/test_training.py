@@ -252,8 +252,8 @@ def test_killed_worker_fails_the_run_fast_and_cleanly(unique_name: str, tmp_path
         victim = None
         while time.monotonic() < deadline and victim is None:
             workers = [p for p in json.loads(state.read_text())["processes"] if p["role"] == "worker"]
-            logs = list(tmp_path.glob("*/1f1b/worker-1.log"))
-            if len(workers) == 2 and list(tmp_path.glob("*/1f1b/worker-0.json")) and logs:
+            logs = list(tmp_path.glob("*/worker-1.log"))
+            if len(workers) == 2 and list(tmp_path.glob("*/worker-0.json")) and logs:
                 time.sleep(8)        # let it train
                 victim = workers[1]["pid"]
             time.sleep(0.2)
@@ -278,14 +278,18 @@ def test_killed_worker_fails_the_run_fast_and_cleanly(unique_name: str, tmp_path
 def test_small_experiment_end_to_end(tmp_path: Path) -> None:
     out = run_cli("experiment", "--distances", "0,500", "--focus", "500", "--repetitions", "2", "--budgets",
                   "1f1b+2", "--focus-schedules", "torch-1f1b", "--rates", "", "--microbatches", "8",
-                  "--iterations", "1", "--results", str(tmp_path), timeout=900)
+                  "--iterations", "2", "--results", str(tmp_path), timeout=900)
     exp = next(tmp_path.glob("*-experiment"))
     doc = json.loads((exp / "summary.json").read_text())
     assert len(doc["points"]) == 3 + 4 + 4 + 1        # 0 km; 500 km + torch-1f1b; a second repetition; one budget
     assert all(p["predicted_bubble"] is not None for p in doc["points"])
-    fitted = next(p for p in doc["points"] if p["schedule"] == "1f1b" and p["distance_km"] == 0)
-    assert fitted["predicted_step_s"] == pytest.approx(fitted["measured"]["step_time_s"], rel=0.02)  # the fit holds
-    assert 0 < json.loads((exp / "model_inputs.json").read_text())["message_overhead_s"] < 0.02   # not at an edge
+    # The model is fed by the 0 km 1f1b run (compute, executor, probed message cost) and fitted to nothing: its
+    # steps at 500 km, which it was never shown, are predictions (20 %: 8 micro-batches, 2 iterations are noisy).
+    far = [p for p in doc["points"] if p["distance_km"] == 500 and p["sweep"] in ("distance", "repeat")
+           and p["schedule"] in ("1f1b", "1f1b-prefetch", "geopipe")]
+    errors = {p["label"]: p["predicted_step_s"] / p["measured"]["step_time_s"] - 1 for p in far}
+    assert len(far) == 6 and all(abs(e) < 0.2 for e in errors.values()), errors
+    assert 0 <= json.loads((exp / "model_inputs.json").read_text())["message_overhead_s"] < 0.005
     assert all(p["measured"]["budget_ok"] for p in doc["points"])
     for name in ("report.md", "report.html", "bubble_vs_distance.png", "timeline_1f1b_vs_geopipe.png",
                  "memory_budget.png", "points.csv", "topology.yaml", "plan.json", "environment.json"):

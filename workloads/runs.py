@@ -137,7 +137,7 @@ class OursRun:
                                 link_bytes_per_s=[r / 8 for r in cfg.link_rate_bps], activation_bytes=executor.act_bytes,
                                 forward_s=samples.mean_forward(), backward_s=samples.mean_backward(), stash_bytes=stash,
                                 budget_bytes=budgets, samples=samples,
-                                message_overhead_s=max(self.message_cost, default=0.0))
+                                message_overhead_s=max(0.0, *self.message_cost))
         self.schedule = S.build("geopipe", cfg.world, cfg.microbatches, self.geo)
         refuse_deadlock(self.schedule, cfg, [m["forward_s"] + m["backward_s"] for m in measured], executor.act_bytes)
 

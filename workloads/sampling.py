@@ -83,3 +83,30 @@ def from_spans(spans_per_stage: list[list[tuple[str, int, float]]], skip: int = 
         forward.append([f[mb] for mb in kept])
         backward.append([b[mb] for mb in kept])
     return ComputeSamples(forward, backward)
+
+
+def simulate_expected(schedule: Any, costs: Any, samples: ComputeSamples | None, microbatches: int,
+                      draws: int = DRAWS) -> Any:
+    """The simulator's prediction (workloads/simulate.py) averaged over `draws` draws of the measured compute
+    (the means alone when `samples` is None): iteration time, per-stage compute, waits and ends are means,
+    peaks the largest."""
+    from workloads.simulate import Costs, Prediction, simulate
+
+    if samples is None:
+        return simulate(schedule, costs)
+    runs = [simulate(schedule, Costs(costs.forward_s, costs.backward_s, costs.link_delay_s, costs.link_bytes_per_s,
+                                     costs.activation_bytes, costs.stash_bytes, costs.message_overhead_s,
+                                     costs.dispatch_s, costs.receiver_driven, f, b))
+            for f, b in samples.draws(microbatches, draws)]
+    n = len(runs)
+    stages = len(runs[0].compute_s)
+
+    def mean_of(field: str) -> list[float]:
+        return [sum(getattr(r, field)[s] for r in runs) / n for s in range(stages)]
+
+    iteration = sum(r.iteration_s for r in runs) / n
+    compute = mean_of("compute_s")
+    return Prediction(iteration_s=iteration, compute_s=compute, bubble_ratio=[1 - c / iteration for c in compute],
+                      exposed_comm_s=mean_of("exposed_comm_s"),
+                      peak_inflight_bytes=[max(r.peak_inflight_bytes[s] for r in runs) for s in range(stages)],
+                      end_s=mean_of("end_s"))

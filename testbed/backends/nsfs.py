@@ -7,6 +7,7 @@ block inside a namespace: netlink sockets and /proc/sys files opened there stay 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -135,10 +136,23 @@ def enter_in_child(name: str) -> None:
     os.close(fd)
 
 
+class SysctlRefused(OSError):
+    """The kernel refused a sysctl value; the message says which and, where known, what it allows."""
+
+
 def write_sysctl(key: str, value: str) -> None:
     """Write a sysctl in the current thread's namespace (call inside `entered`)."""
-    with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
-        f.write(value)
+    try:
+        with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
+            f.write(value)
+    except OSError as exc:
+        hint = ""
+        if key == "net.ipv4.tcp_congestion_control":
+            with contextlib.suppress(OSError):
+                allowed = read_sysctl("net.ipv4.tcp_allowed_congestion_control")
+                hint = (f": the kernel allows {allowed!r} in namespaces (net.ipv4.tcp_allowed_congestion_control); "
+                        "set the topology's tcp.congestion_control to one of them")
+        raise SysctlRefused(exc.errno, f"{key}={value} refused ({exc.strerror}){hint}") from None
 
 
 def read_sysctl(key: str) -> str:

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from testbed.backends import nsfs
 from testbed.backends.base import Backend, BackendError
 from testbed.backends.registry import BACKENDS, backend_for
 from testbed.plan import Plan, build_plan
@@ -66,7 +67,10 @@ def up(topology_path: Path, name: str | None = None, backend: str = "netns", sha
         started = time.perf_counter()
         made = backend_for(state)
         try:
-            made.deploy(plan)
+            try:
+                made.deploy(plan)
+            except nsfs.SysctlRefused as exc:
+                raise BackendError(f"{topology_path}: {exc.strerror}") from None
             deployed = time.perf_counter() - started
             state.shaper = ShaperRecord(name=shaper_name)
             state.save()

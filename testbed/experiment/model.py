@@ -1,16 +1,25 @@
-"""The analytical model: each schedule's bubble ratio and step time from measured per-micro-batch compute
-times, link delay and rate, and the memory budget, by the same discrete-event model that dry-runs
-schedules (workloads/simulate.py). It is also the "what if" for distances and rates no machine here emulates.
+"""The analytical model: each schedule's step time and bubble from what the 0 km 1f1b run measured, by the
+same discrete-event model that dry-runs schedules (workloads/simulate.py). Nothing is fitted to a step time:
+- compute: every forward and backward span of that run, per stage, as a distribution; the model's step is
+  the expected step over the same bootstrap draws of it that GeoPipe's plan uses (workloads/sampling.py);
+- the executor's own time between spans, per stage, as measured;
+- the transport's cost per message beyond delay and transfer: the workers' ping-pong probe at start-up
+  (workloads/probe.py);
+- the link: the point's configured delay and rate.
+It is also the "what if" for distances and rates no machine here emulates.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from workloads import schedule as S
 from workloads.memory import MemoryBudget
 from workloads.records import RankTrace
-from workloads.simulate import Costs, Prediction, simulate
+from workloads.sampling import ComputeSamples, simulate_expected
+from workloads.simulate import Costs, Prediction
 from workloads.sizing import size_geopipe
 
 
@@ -26,12 +35,27 @@ class StageTimes:
     """Per stage, per F or B: the executor's own time between spans (neither compute nor waiting)."""
     reference_s: list[float] | None = None
     """Per stage: one step's F+B with no communication (workloads/reference.py), the bubble's yardstick."""
+    samples: ComputeSamples | None = None
+    """Per stage, every steady forward and backward span (the distribution the model draws from)."""
+    message_cost_s: float = 0.0
+    """The transport's measured cost per message beyond delay and transfer (largest over the links)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "samples": self.samples.to_json() if self.samples else None}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StageTimes:
+        """Also reads model inputs of 0.2 (no samples, no measured message cost)."""
+        samples = data.get("samples")
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__ and k != "samples"}
+        return cls(**known, samples=ComputeSamples.from_json(samples) if samples else None)
 
 
 def stage_times(ranks: list[RankTrace]) -> StageTimes:
-    """Mean forward/backward span per micro-batch over steady iterations, from a run's rank traces, and the
-    time each F or B costs beyond its span (iteration - compute - waits, per action)."""
-    fwd, bwd, stash, dispatch = [], [], [], []
+    """The model's inputs from one run's rank traces: mean and every forward/backward span over the steady
+    iterations, the time each F or B costs beyond its span (iteration - compute - waits, per action), the
+    stash, the reference and the probed per-message cost."""
+    fwd, bwd, stash, dispatch, f_all, b_all = [], [], [], [], [], []
     for r in ranks:
         its = r.steady
         fwd.append(sum(it.forward_s or 0.0 for it in its) / len(its))
@@ -40,8 +64,15 @@ def stage_times(ranks: list[RankTrace]) -> StageTimes:
         actions = 2 * sum(1 for sp in its[0].spans if sp.kind == "F")
         idle = [(it.end - it.start) - (it.compute_s or 0.0) - (it.wait_s or 0.0) for it in its]
         dispatch.append(max(0.0, sum(idle) / len(idle)) / max(actions, 1))
-    reference = [min(r.reference_compute_s) for r in ranks] if all(r.reference_compute_s for r in ranks) else None
-    return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch, reference)
+        pairs = {(i, sp.mb, sp.kind): sp.seconds for i, it in enumerate(its) for sp in it.spans if sp.kind in ("F", "B")}
+        keys = sorted({(i, mb) for i, mb, _ in pairs if (i, mb, "F") in pairs and (i, mb, "B") in pairs})
+        f_all.append([pairs[(i, mb, "F")] for i, mb in keys])
+        b_all.append([pairs[(i, mb, "B")] for i, mb in keys])
+    reference = ([statistics.mean(r.reference_compute_s) for r in ranks]
+                 if all(r.reference_compute_s for r in ranks) else None)
+    samples = ComputeSamples(f_all, b_all) if all(f_all) else None
+    cost = max([0.0, *(c for r in ranks for c in r.message_cost_s)])     # a link that delivers early costs nothing
+    return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch, reference, samples, cost)
 
 
 MODELLED = ("gpipe", "1f1b", "1f1b-prefetch", "geopipe", "torch-gpipe", "torch-1f1b")
@@ -50,22 +81,25 @@ MODELLED = ("gpipe", "1f1b", "1f1b-prefetch", "geopipe", "torch-gpipe", "torch-1
 
 def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: list[float],
             link_rate_bps: list[float], memory_budget: str | None = None,
-            message_overhead_s: float = 0.0, transport: str = "tcp") -> tuple[Prediction, S.GeoPipeSizing | None]:
+            message_overhead_s: float | None = None, transport: str = "tcp") -> tuple[Prediction, S.GeoPipeSizing | None]:
     """The model's run of `schedule` (one of MODELLED) at these links and budget, over gloo's receiver-driven
-    TCP or sender-driven RDMA (`transport`)."""
+    TCP or sender-driven RDMA (`transport`): the expected step over draws of the measured compute; geopipe is
+    planned as the workers plan it. `message_overhead_s` defaults to the measured per-message cost."""
     stages = len(times.forward_s)
     bytes_per_s = [r / 8 for r in link_rate_bps]
+    overhead = times.message_cost_s if message_overhead_s is None else message_overhead_s
     geo = None
     if schedule == "geopipe":
         budgets = (MemoryBudget.parse(memory_budget).per_stage(stages, microbatches, times.stash_bytes,
                                                                times.activation_bytes) if memory_budget else None)
         geo = size_geopipe(stages, microbatches, link_delay_s=link_delay_s, link_bytes_per_s=bytes_per_s,
                            activation_bytes=times.activation_bytes, forward_s=times.forward_s,
-                           backward_s=times.backward_s, stash_bytes=times.stash_bytes, budget_bytes=budgets)
+                           backward_s=times.backward_s, stash_bytes=times.stash_bytes, budget_bytes=budgets,
+                           samples=times.samples, message_overhead_s=overhead)
     sched = S.build(schedule.removeprefix("torch-"), stages, microbatches, geo)
     costs = Costs(times.forward_s, times.backward_s, link_delay_s, bytes_per_s, times.activation_bytes,
-                  max(times.stash_bytes), message_overhead_s, times.dispatch_s, receiver_driven=transport != "rdma")
-    return simulate(sched, costs), geo
+                  max(times.stash_bytes), overhead, times.dispatch_s, receiver_driven=transport != "rdma")
+    return simulate_expected(sched, costs, times.samples, microbatches), geo
 
 
 def bubble_vs_reference(prediction: Prediction, times: StageTimes) -> float:
@@ -74,15 +108,3 @@ def bubble_vs_reference(prediction: Prediction, times: StageTimes) -> float:
     if not times.reference_s:
         return prediction.mean_bubble_ratio
     return sum(1 - ref / prediction.iteration_s for ref in times.reference_s) / len(times.reference_s)
-
-
-def fit_message_overhead(schedule: str, times: StageTimes, microbatches: int, link_delay_s: list[float],
-                         link_rate_bps: list[float], measured_step_s: float) -> float:
-    """The one free parameter: per-message overhead that makes the model's step time match one measured run
-    (bisection over 0-20 ms). Everything else the model uses is measured or configured."""
-    lo, hi = 0.0, 0.02
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        step = predict(schedule, times, microbatches, link_delay_s, link_rate_bps, message_overhead_s=mid)[0].iteration_s
-        lo, hi = (mid, hi) if step < measured_step_s else (lo, mid)
-    return (lo + hi) / 2

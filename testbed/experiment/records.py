@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.experiment.model import StageTimes
-from testbed.run.metrics import pool_references
+from testbed.run.dilation import DEFAULT_DILATION
 from testbed.run.summary import ScheduleSummary
 from testbed.util.paths import DEFAULT_TOPOLOGY
-from workloads.layouts import stage_layout
 from workloads.schedule import GeoPipeSizing
 
 HEADLINE_SWEEPS = ("distance", "repeat")
@@ -50,6 +49,8 @@ class ExperimentSpec:
     backend: str = "netns"
     switch: str = "auto"
     """Mininet's DC switch (backend mininet only)."""
+    dilation: str = DEFAULT_DILATION
+    """Time dilation of every run (testbed/run/dilation.py): off, auto or a factor."""
     transports: list[str] = field(default_factory=lambda: ["tcp"])
     """With more than tcp: a transport sweep at the focus, our schedules over each transport in turn (rdma needs
     rxe in namespaces; the testbed then comes up with `rdma: softroce`)."""
@@ -145,7 +146,7 @@ class ExperimentRecord:
     model_only: list[ModelPrediction] = field(default_factory=list)
     model_inputs: StageTimes | None = None
     message_overhead_s: float = 0.0
-    """The model's one fitted parameter."""
+    """The transport's per-message cost the model uses (measured by the workers' probe, not fitted)."""
     partial: bool = False
     """Stopped before every planned run was measured."""
     missing: list[str] = field(default_factory=list)
@@ -156,19 +157,18 @@ class ExperimentRecord:
     """How many times `--resume` continued it."""
 
     def pool_references(self) -> None:
-        """One yardstick per stage layout for the whole experiment (testbed.run.metrics.pool_references), and
-        the model's bubbles against the same yardstick (from its predicted step times)."""
-        pool_references([p.measured for p in self.points])
-        single = next((p.measured.reference_yardstick_s_per_stage for p in self.points
-                       if stage_layout(p.schedule) == "single" and p.measured.reference_yardstick_s_per_stage), None)
-        if not single:
-            return
+        """The model's bubbles against each point's own yardstick (the reference measured in its run), from its
+        predicted step time; model-only predictions against the 0 km 1f1b run's."""
         for p in self.points:
-            if p.predicted_step_s and p.predicted_bubble is not None:
-                p.predicted_bubble = statistics.mean(1 - ref / p.predicted_step_s for ref in single)
-        self.model_only = [ModelPrediction(m.distance_km, m.schedule,
-                                           statistics.mean(1 - ref / m.step_s for ref in single), m.step_s)
-                           for m in self.model_only]
+            ref = p.measured.reference_yardstick_s_per_stage
+            if p.predicted_step_s and p.predicted_bubble is not None and ref:
+                p.predicted_bubble = statistics.mean(1 - r / p.predicted_step_s for r in ref)
+        base = next((p.measured.reference_yardstick_s_per_stage for p in self.points
+                     if p.schedule == "1f1b" and p.distance_km == 0 and p.measured.reference_yardstick_s_per_stage), None)
+        if base:
+            self.model_only = [ModelPrediction(m.distance_km, m.schedule,
+                                               statistics.mean(1 - r / m.step_s for r in base), m.step_s)
+                               for m in self.model_only]
 
     def headline_points(self, schedule: str | None = None, km: float | None = None) -> list[Point]:
         """The distance sweep and its repetitions, all at the headline memory budget (optionally one schedule or
@@ -207,7 +207,7 @@ class ExperimentRecord:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "spec": asdict(self.spec), "environment": self.environment,
                 "points": [p.to_json() for p in self.points], "model_only": [asdict(m) for m in self.model_only],
-                "model_inputs": asdict(self.model_inputs) if self.model_inputs else None,
+                "model_inputs": self.model_inputs.to_json() if self.model_inputs else None,
                 "message_overhead_s": self.message_overhead_s, "partial": self.partial, "missing": self.missing,
                 "stopped": self.stopped, "resumed": self.resumed}
 
@@ -217,7 +217,7 @@ class ExperimentRecord:
         return cls(id=data["id"], spec=ExperimentSpec.from_json(data["spec"]), environment=dict(data["environment"]),
                    points=[Point.from_json(p) for p in data["points"]],
                    model_only=[ModelPrediction(**m) for m in data.get("model_only", [])],
-                   model_inputs=StageTimes(**inputs) if inputs else None,
+                   model_inputs=StageTimes.from_json(inputs) if inputs else None,
                    message_overhead_s=float(data.get("message_overhead_s", 0.0)), partial=bool(data.get("partial")),
                    missing=list(data.get("missing", [])), stopped=data.get("stopped"),
                    resumed=int(data.get("resumed", 0)))

@@ -19,7 +19,7 @@ import platform
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.backends.base import Backend, BackendError
@@ -31,7 +31,6 @@ from testbed.experiment.model import (
     MODELLED,
     StageTimes,
     bubble_vs_reference,
-    fit_message_overhead,
     predict,
     stage_times,
 )
@@ -79,6 +78,18 @@ class Setting:
         over = "" if self.transport == "tcp" else f"-{self.transport}"
         return (f"{self.sweep}-{self.km:g}km-{self.rate_bps / 1e6:g}mbit-m{self.microbatches}-{self.schedule}"
                 f"-r{self.repetition}{budget}{over}")
+
+    @property
+    def group(self) -> tuple[str, float, float, int, int, str, str | None]:
+        """Settings that differ only in their schedule run together, interleaved in one launch."""
+        return (self.sweep, self.km, self.rate_bps, self.microbatches, self.repetition, self.transport, self.budget)
+
+    @property
+    def group_label(self) -> str:
+        budget = f"-b{self.budget}" if self.budget else ""
+        over = "" if self.transport == "tcp" else f"-{self.transport}"
+        return (f"{self.sweep}-{self.km:g}km-{self.rate_bps / 1e6:g}mbit-m{self.microbatches}-r{self.repetition}"
+                f"{budget}{over}")
 
 
 class Experiment:
@@ -193,61 +204,67 @@ class Experiment:
         swept = self._swept(backend)
         link: tuple[float, float] | None = None
         rtt = float("nan")
-        for setting in self.missing():
-            if link != (setting.km, setting.rate_bps):
-                set_link(backend, swept.src_dc, swept.dst_dc, delay_s=setting.km * FIBRE_DELAY_S_PER_KM,
-                         rate_bps=setting.rate_bps)
-                link, rtt = (setting.km, setting.rate_bps), self._rtt(backend)
-            self._point(backend, setting, rtt)
+        for group in _grouped(self.missing()):
+            first = group[0]
+            if link != (first.km, first.rate_bps):
+                set_link(backend, swept.src_dc, swept.dst_dc, delay_s=first.km * FIBRE_DELAY_S_PER_KM,
+                         rate_bps=first.rate_bps)
+                link, rtt = (first.km, first.rate_bps), self._rtt(backend)
+            self._run(backend, group, rtt)
 
     def _rtt(self, backend: Backend) -> float:
         swept = self._swept(backend)
         sample = round_trip(backend.netns_path(swept.src_node), backend.state.plan.receiver_address(swept), count=10)
         return sample.median_s
 
-    def _point(self, backend: Backend, setting: Setting, rtt: float) -> None:
+    def _run(self, backend: Backend, group: list[Setting], rtt: float) -> None:
+        """One launch of the workers running the group's schedules interleaved; one point per schedule."""
         raise_if_pending()
-        s = self.spec
-        budget = setting.applied_budget
-        options = RunOptions(schedules=[setting.schedule], microbatches=setting.microbatches, iterations=s.iterations,
-                             model=s.model, memory_budget=budget, transport=setting.transport)
+        s, first = self.spec, group[0]
+        schedules = [st.schedule for st in group]
+        options = RunOptions(schedules=schedules, microbatches=first.microbatches, iterations=s.iterations,
+                             model=s.model, memory_budget=first.budget, transport=first.transport,
+                             unbudgeted=[st.schedule for st in group if st.applied_budget is None],
+                             dilation=s.dilation)
         elapsed = time.monotonic() - self.started + self.seconds_before
-        self.log(f"[{elapsed:5.0f} s] {setting.sweep}: {setting.km:g} km, {setting.rate_bps / 1e6:g} Mbit/s, "
-                 f"m={setting.microbatches}, {setting.schedule}"
-                 + (f", budget {budget}" if budget else "")
-                 + (f", repetition {setting.repetition + 1}" if setting.repetition else "")
-                 + (f", over {setting.transport}" if setting.sweep == "transport" else ""))
-        run_dir, summary = run_schedules(backend, options, self.dir / "runs", run_id=setting.label, log=lambda _m: None)
-        measured = summary.schedules[0]
-        if self.times is None and setting.schedule == "1f1b" and setting.km == 0:
-            self._fit_model(backend, run_dir, measured.step_time_s, setting.microbatches)
-        point = Point(sweep=setting.sweep, distance_km=setting.km, delay_s=setting.km * FIBRE_DELAY_S_PER_KM,
-                      rate_bps=setting.rate_bps, microbatches=setting.microbatches, schedule=setting.schedule,
-                      repetition=setting.repetition, memory_budget=budget, rtt_s=rtt, measured=measured,
-                      predicted_bubble=None, predicted_step_s=None, run_dir=str(run_dir), label=setting.label,
-                      lossless_ok=summary.lossless_ok, daemon_restarts=summary.daemon_restarts,
-                      lost_packets=sum(lk.drops_during_run or 0 for lk in summary.links if lk.lossless),
-                      transport=setting.transport)
-        self._predict(backend, point)
-        self.points.append(point)
-        self.log(f"        bubble {point.bubble:.3f}"
-                 + (f" (model {point.predicted_bubble:.3f})" if point.predicted_bubble is not None else "")
-                 + f", step {measured.step_time_s:.3f} s"
-                 + (f", loss {measured.loss_last:.3f}" if measured.loss_last is not None else "")
-                 + (f", repeated {measured.repeated}x (host disturbed)" if measured.repeated else ""))
-        self.advance()
+        self.log(f"[{elapsed:5.0f} s] {first.sweep}: {first.km:g} km, {first.rate_bps / 1e6:g} Mbit/s, "
+                 f"m={first.microbatches}, {', '.join(schedules)}"
+                 + (f", budget {first.budget}" if first.budget else "")
+                 + (f", repetition {first.repetition + 1}" if first.repetition else "")
+                 + (f", over {first.transport}" if first.sweep == "transport" else ""))
+        run_dir, summary = run_schedules(backend, options, self.dir / "runs", run_id=first.group_label,
+                                         log=lambda _m: None)
+        for setting, measured in zip(group, summary.schedules, strict=True):
+            if self.times is None and setting.schedule == "1f1b" and setting.km == 0:
+                self._fit_model(backend, run_dir, measured.step_time_s, setting.microbatches)
+            point = Point(sweep=setting.sweep, distance_km=setting.km, delay_s=setting.km * FIBRE_DELAY_S_PER_KM,
+                          rate_bps=setting.rate_bps, microbatches=setting.microbatches, schedule=setting.schedule,
+                          repetition=setting.repetition, memory_budget=setting.applied_budget, rtt_s=rtt,
+                          measured=measured, predicted_bubble=None, predicted_step_s=None, run_dir=str(run_dir),
+                          label=setting.label, lossless_ok=summary.lossless_ok, daemon_restarts=summary.daemon_restarts,
+                          lost_packets=sum(lk.drops_during_run or 0 for lk in summary.links if lk.lossless),
+                          transport=setting.transport)
+            self._predict(backend, point)
+            self.points.append(point)
+            self.log(f"        {setting.schedule}: bubble {point.bubble:.3f}"
+                     + (f" (model {point.predicted_bubble:.3f})" if point.predicted_bubble is not None else "")
+                     + f", step {measured.step_time_s:.3f} s"
+                     + (f" (model {point.predicted_step_s:.3f} s)" if point.predicted_step_s is not None else "")
+                     + (f", loss {measured.loss_last:.3f}" if measured.loss_last is not None else "")
+                     + (f", repeated {measured.repeated}x (host disturbed)" if measured.repeated else ""))
+            self.advance()
 
     def _fit_model(self, backend: Backend, run_dir: Path, step_s: float, microbatches: int) -> None:
-        """Model inputs from the 0 km 1f1b run: per-micro-batch compute and stash per stage, and the one
-        fitted parameter (per-message overhead) that makes the model reproduce that run's step time."""
+        """Model inputs from the 0 km 1f1b run: per-stage compute as measured (every span), the executor's time
+        between spans, the stash, and the transport's per-message cost from the workers' probe. Nothing is
+        fitted to a step time: the 0 km step is a prediction like every other."""
         ranks = [RankTrace.from_json(json.loads(p.read_text())) for p in sorted((run_dir / "1f1b").glob("rank-*.json"))]
         self.times = stage_times(ranks)
-        links = stage_links(backend.state.plan, RunOptions(schedules=["1f1b"]).hosts(backend.state.plan))  # at 0 km
-        self.overhead_s = fit_message_overhead("1f1b", self.times, microbatches, [0.0] * len(links),
-                                               [lk.rate_bps for lk in links], step_s)
+        self.overhead_s = self.times.message_cost_s
         (self.dir / "model_inputs.json").write_text(json.dumps(
-            {**asdict(self.times), "message_overhead_s": self.overhead_s}, indent=1))
-        self.log(f"        model fitted at 0 km: per-message overhead {self.overhead_s * 1e3:.2f} ms")
+            {**self.times.to_json(), "message_overhead_s": self.overhead_s}, indent=1))
+        self.log(f"        model inputs from the 0 km 1f1b run: per-message cost {self.overhead_s * 1e3:.2f} ms (probed), "
+                 f"{sum(len(f) for f in self.times.samples.forward_s) if self.times.samples else 0} spans")
         for p in self.points:
             self._predict(backend, p)
 
@@ -311,6 +328,17 @@ class Experiment:
                                  _r(load.steal_fraction if load else None), m.repeated, _r(m.loss_last)])
         plots.render_all(self.dir)
         report.write_report(self.dir)
+
+
+def _grouped(settings: list[Setting]) -> list[list[Setting]]:
+    """Consecutive settings that differ only in their schedule, together (the order of `planned` is kept)."""
+    groups: list[list[Setting]] = []
+    for st in settings:
+        if groups and groups[-1][0].group == st.group:
+            groups[-1].append(st)
+        else:
+            groups.append([st])
+    return groups
 
 
 def code_version() -> str:

@@ -57,7 +57,9 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
     tcp_buffer = _tcp_buffer_bytes(topology, paths)
     host_sysctls = (*COMMON_SYSCTLS,
                     ("net.ipv4.tcp_rmem", f"4096 131072 {tcp_buffer}"),
-                    ("net.ipv4.tcp_wmem", f"4096 16384 {tcp_buffer}"))
+                    ("net.ipv4.tcp_wmem", f"4096 16384 {tcp_buffer}"),
+                    ("net.ipv4.tcp_congestion_control", topology.tcp.congestion_control),
+                    ("net.ipv4.tcp_slow_start_after_idle", "1" if topology.tcp.slow_start_after_idle else "0"))
     # net.core.[rw]mem_max are read-only outside the root namespace (they cap SO_RCVBUF/SO_SNDBUF only);
     # TCP autotuning is bounded by tcp_rmem/tcp_wmem, which are per namespace.
     nodes: list[Node] = []

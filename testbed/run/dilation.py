@@ -34,6 +34,8 @@ RESERVE_CORES = 0.3
 1/k of that, so 0.3 leaves room for bursts."""
 DEFAULT_DILATION = "off"
 """What `testbed run` and `testbed experiment` use unless told (make bench-overhead --compare dilation)."""
+MIN_RESERVE_CORES = 0.1
+"""A factor that leaves less than this to the rest is refused: it would dilate without relieving anything."""
 PERIOD_S = 0.005
 """CFS bandwidth period: a worker computes at most its quota per 5 ms, so an 18 ms forward is throttled a few
 times in small slices rather than once for long."""
@@ -95,10 +97,10 @@ def plan_dilation(mode: str, workers: int, cpus: int) -> Dilation:
     if factor == 1:
         return OFF
     reserve = cpus - workers / factor
-    if reserve <= 0:
+    if reserve < MIN_RESERVE_CORES:
         raise DilationError(f"--dilation {factor:g}: {workers} workers at 1/{factor:g} core each need "
-                            f"{workers / factor:.2f} of {cpus} cores, leaving nothing to the rest; use at least "
-                            f"{workers / (cpus - RESERVE_CORES):.2f} (or auto)")
+                            f"{workers / factor:.2f} of {cpus} cores, leaving nothing to the rest (less than "
+                            f"{MIN_RESERVE_CORES:g} core); use at least {workers / (cpus - MIN_RESERVE_CORES):.2f} (or auto)")
     return Dilation(factor, 1 / factor, reserve, PERIOD_S,
                     f"asked: {workers} workers capped at {1 / factor:.3f} core each leave {reserve:.2f} of {cpus} cores")
 

@@ -38,7 +38,8 @@ def summarize(schedule: str, ranks: list[RankTrace], tokens_per_step: int) -> Sc
     losses = [it.loss for it in losing.iterations if it.loss is not None]     # the rank holding the last stage
     compute = ([statistics.mean(ranks[s].iterations[i].compute_s or 0.0 for i in steady) for s in range(len(ranks))]
                if has_compute else None)
-    reference = [min(r.reference_compute_s) for r in ranks] if all(r.reference_compute_s for r in ranks) else None
+    reference = ([statistics.mean(r.reference_compute_s) for r in ranks]     # before and after the iterations
+                 if all(r.reference_compute_s for r in ranks) else None)
     budgets = [r.budget_bytes for r in ranks]
     budget_list = [int(b) for b in budgets] if all(b is not None for b in budgets) else None
     summary = ScheduleSummary(
@@ -78,15 +79,16 @@ def rebase_reference(summary: ScheduleSummary, yardstick: list[float], runs: int
 
 
 def pool_references(summaries: list[ScheduleSummary]) -> None:
-    """Judge every schedule by one yardstick per stage layout: the least reference any of them measured
-    (the compute alone varies from run to run with the host; the schedules must not)."""
+    """Judge every schedule of one run by one yardstick per stage layout: the median of their references (the
+    schedules of a run are interleaved in one launch and share the same reference measurements, so this is
+    that figure; the median, not the least, so that the yardstick does not fall with the number of runs)."""
     by_layout: dict[str, list[ScheduleSummary]] = {}
     for s in summaries:
         if s.reference_compute_s_per_stage:
             by_layout.setdefault(stage_layout(s.schedule), []).append(s)
     for group in by_layout.values():
-        yardstick = [min(values) for values in zip(*(s.reference_compute_s_per_stage or [] for s in group),
-                                                   strict=True)]
+        yardstick = [statistics.median(values) for values in zip(*(s.reference_compute_s_per_stage or []
+                                                                   for s in group), strict=True)]
         for s in group:
             rebase_reference(s, yardstick, len(group))
 

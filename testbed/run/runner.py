@@ -339,6 +339,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
             log(f"  {event.get('schedule', '')} iteration {event['iteration']}: {event['seconds']:.3f} s"
                 + (" (dilated)" if dilation.on else "") + (f", loss {loss:.3f}" if loss is not None else ""))
 
+    links_now = stage_links(plan, hosts)
     best = None
     for attempt in range(MAX_REPEATS + 1):
         raise_if_pending()
@@ -353,6 +354,9 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         for schedule, ranks in ranks_by.items():
             measured_by[schedule] = metrics.summarize(schedule, ranks, tokens)
             measured_by[schedule].host_load, measured_by[schedule].link_timing = load, timing
+            measured_by[schedule].breakdown = breakdown(ranks, [lk.delay_s for lk in links_now],
+                                                        [lk.rate_bps for lk in links_now], transport.name != "rdma")
+        load.note_compute_drift(_compute_drift(measured_by.values()))
         if best is None or load.lost_fraction < best[2].lost_fraction:
             best = (ranks_by, measured_by, load, where)
         if not load.disturbed:
@@ -370,10 +374,6 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
                            f"budget {measured.budget_bytes_per_stage} B (the workers should have stopped it)")
         summaries.append(measured)
     metrics.pool_references(summaries)
-    receiver_driven = transport.name != "rdma"
-    for measured in summaries:
-        measured.breakdown = breakdown(traces[measured.schedule], [lk.delay_s for lk in stage_links(plan, hosts)],
-                                       [lk.rate_bps for lk in stage_links(plan, hosts)], receiver_driven)
     drops_after = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
     links = []
     for d in plan.directions:
@@ -427,6 +427,13 @@ def _keep_attempt(canonical: Path, kept: Path) -> None:
         return
     canonical.rename(canonical.with_name(canonical.name + "-set-aside"))
     kept.rename(canonical)
+
+
+def _compute_drift(summaries: Any) -> float | None:
+    """How much more CPU the compute spans ran than the run's reference, largest over schedules and stages."""
+    drifts = [st.compute_cpu_excess_s / st.reference_s for s in summaries if s.breakdown
+              for st in s.breakdown.stages if st.reference_s > 0]
+    return max(drifts) if drifts else None
 
 
 def _hold_counters(shaper: object) -> dict[str, tuple[int, float]]:

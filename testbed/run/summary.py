@@ -68,15 +68,17 @@ class ScheduleSummary:
     iterations: int
     geopipe_sizing: GeoPipeSizing | None = None
     reference_compute_s_per_stage: list[float] | None = None
-    """Per stage (rank): its F+B of one step's micro-batches with no communication (the least measured)."""
+    """Per stage (rank): its F+B of one step's micro-batches with no communication (the mean of the measurements
+    before and after the run's iterations)."""
     bubble_vs_reference: float | None = None
     """Mean over stages of 1 - yardstick / step time: the bubble no stretched span can hide (the headline's)."""
     bubble_vs_reference_per_stage: list[float] | None = None
     reference_yardstick_s_per_stage: list[float] | None = None
-    """The reference `bubble_vs_reference` is taken against: the least measured for this stage layout over
-    every run of the same run or experiment (the same yardstick for every schedule compared)."""
+    """The reference `bubble_vs_reference` is taken against: the one measured in the same launch for this stage
+    layout, shared by every schedule interleaved in it (the host's speed drifts by 10-30 % over minutes on the
+    project's machines: a yardstick from another run would move the bubble by as much)."""
     reference_pooled_runs: int = 1
-    """How many runs' references the yardstick is the least of."""
+    """How many schedules share the yardstick."""
     span_stretch_per_stage: list[float] | None = None
     """Per stage: own F+B spans over the reference (1.0: as fast as alone; flagged above STRETCH_FLAG)."""
     budget_bytes_per_stage: list[int] | None = None

@@ -240,7 +240,8 @@ class DelaylineShaper(Shaper):
         base = subtract.get(direction.label, 0.0)
         return QueueConfig(queue=queue_number(direction.dst_ifname), ifname=direction.dst_ifname,
                            delay_s=max(0.0, direction.delay_s - base), jitter_s=direction.jitter_s,
-                           loss=direction.loss, maxlen=direction.delay_queue_packets)
+                           loss=direction.loss, maxlen=direction.delay_queue_packets, rate_bps=direction.rate_bps,
+                           mtu=direction.mtu)
 
     def _start_daemon(self, node: str, files: DaemonFiles) -> None:
         log, stats = Path(files.log), Path(files.stats)

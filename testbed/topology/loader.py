@@ -24,6 +24,7 @@ from testbed.topology.model import (
     DirectionSpec,
     Fabric,
     OtnLink,
+    TcpSettings,
     Topology,
 )
 from testbed.util import units
@@ -31,7 +32,9 @@ from testbed.util import units
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,27}$")
 NAME_RULE = "names are 1-28 characters of a-z, 0-9 and '-', starting with a letter or digit"
 
-TOP_KEYS = {"name", "description", "defaults", "datacenters", "links", "addressing", "rdma"}
+TOP_KEYS = {"name", "description", "defaults", "datacenters", "links", "addressing", "rdma", "tcp"}
+TCP_KEYS = {"congestion_control", "slow_start_after_idle"}
+CONGESTION_CONTROLS = ("reno", "cubic", "bbr", "dctcp", "htcp", "vegas")
 RDMA_KINDS = ("none", "softroce")
 RDMA_MIN_LINK_MTU = 1100
 """RoCE needs an RDMA MTU of at least 1024 plus its headers on every OTN hop."""
@@ -197,10 +200,28 @@ def _build(raw: Any, check: _Checker, source: str) -> Topology | None:
     _check_connected(dcs, pairs, check)
     base = _build_addressing(top.get("addressing"), len(dcs), len(links), check)
     rdma = _build_rdma(top.get("rdma", "none"), links, dcs, check)
+    tcp = _build_tcp(top.get("tcp"), check)
     if check.problems or name is None or base is None:
         return None
     return Topology(name=name, description=description, source=source, datacenters=tuple(dcs),
-                    links=tuple(links), address_base=base, rdma=rdma)
+                    links=tuple(links), address_base=base, rdma=rdma, tcp=tcp)
+
+
+def _build_tcp(raw: Any, check: _Checker) -> TcpSettings:
+    """`tcp: {congestion_control: reno, slow_start_after_idle: false}` (both optional)."""
+    spec = check.mapping(raw, "tcp", TCP_KEYS)
+    default = TcpSettings()
+    cc = spec.get("congestion_control", default.congestion_control)
+    if cc not in CONGESTION_CONTROLS:
+        check.add("tcp.congestion_control", f"unknown congestion control {cc!r}",
+                  f"use one of: {', '.join(CONGESTION_CONTROLS)} (the kernel must also allow it in namespaces: "
+                  "net.ipv4.tcp_allowed_congestion_control)")
+        cc = default.congestion_control
+    idle = spec.get("slow_start_after_idle", default.slow_start_after_idle)
+    if not isinstance(idle, bool):
+        check.add("tcp.slow_start_after_idle", f"expected true or false, got {idle!r}", "write true or false")
+        idle = default.slow_start_after_idle
+    return TcpSettings(congestion_control=str(cc), slow_start_after_idle=idle)
 
 
 def _mtu(raw: Any, path: str, check: _Checker) -> int | None:

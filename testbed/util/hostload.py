@@ -13,6 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+COMPUTE_DRIFT_BOUND = 0.10
+"""A run whose compute spans ran more CPU than the same run's reference by this fraction: the host's speed
+changed under it (on the project's 2-core VMs a fixed F+B pass varies from 1.96 to 2.72 s of CPU over two
+minutes with nothing else running), so its times measure the host, and it runs again."""
 STEAL_BOUND = 0.05
 """Fraction of all CPU time taken by the hypervisor above which a run counts as disturbed."""
 FOREIGN_BOUND = 0.10
@@ -36,11 +40,21 @@ class HostLoad:
     foreign_measured: bool = True
     """False where other processes cannot be told from the run's (workers on remote machines): then
     foreign_fraction is 0 by construction, not by measurement, and tables say so."""
+    compute_drift: float | None = None
+    """Largest over stages of the compute spans' CPU over the same run's reference, less 1 (None: not measured)."""
 
     @property
     def lost_fraction(self) -> float:
-        """CPU time the run did not get: steal plus other processes."""
-        return self.steal_fraction + self.foreign_fraction
+        """CPU time the run did not get (steal plus other processes), plus how much slower the host computed."""
+        return self.steal_fraction + self.foreign_fraction + max(0.0, self.compute_drift or 0.0)
+
+    def note_compute_drift(self, drift: float | None) -> None:
+        """Record the compute drift; over COMPUTE_DRIFT_BOUND the run counts as disturbed."""
+        self.compute_drift = drift
+        if drift is not None and drift > COMPUTE_DRIFT_BOUND:
+            self.disturbed = True
+            self.reasons.append(f"compute ran {drift:.1%} slower than its reference (> {COMPUTE_DRIFT_BOUND:.0%}): "
+                                "the host's speed changed")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,0 +1,107 @@
+"""The breakdown of a step (testbed/run/breakdown.py) from hand-made rank traces: the parts add up to the step,
+each fault lands in its own part, and the CPU ledger accounts for the machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.run.breakdown import Breakdown, breakdown
+from workloads.hostcpu import HostWindow
+from workloads.records import IterationRecord, RankTrace, Span, WorkerConfig
+from workloads.schedule import build
+from workloads.threadclock import ThreadUsage
+
+M = 4
+F, B = 0.010, 0.020
+
+
+def _trace(rank: int, *, runq: float = 0.0, cpu_factor: float = 1.0, wait: float = 0.0, gap: float = 0.0,
+           reference: float = M * (F + B)) -> RankTrace:
+    """Two steady iterations of 1f1b-prefetch on 2 stages: F/B spans back to back (each `gap` apart), every
+    span `runq` on the run queue and running `cpu_factor` x its nominal CPU, and one wait of `wait`."""
+    its = []
+    for i in range(3):
+        t = 100.0 * i
+        start, spans = t, []
+        if wait:
+            spans.append(Span("wait-F", 0, t, t + wait, 0.0, 0.0))
+            t += wait
+        for mb in range(M):
+            for kind, nominal in (("F", F), ("B", B)):
+                cpu = nominal * cpu_factor
+                spans.append(Span(kind, mb, t, t + cpu + runq, cpu, runq))
+                t += cpu + runq + gap
+        its.append(IterationRecord(iteration=i, warmup=i == 0, start=start, end=t, spans=spans,
+                                   compute_s=sum(s.seconds for s in spans if s.kind in "FB"),
+                                   wait_s=wait, forward_s=F * cpu_factor + runq, backward_s=B * cpu_factor + runq,
+                                   main_cpu_s=sum(s.cpu_s or 0 for s in spans) + gap * 2 * M,
+                                   main_runq_s=sum(s.runq_s or 0 for s in spans),
+                                   threads=[ThreadUsage("main", 1, 0.0, 0.0), ThreadUsage("gloo_tcp_loop", 1, 0.01, 0.002)],
+                                   host=HostWindow(wall_s=t - start, cpus=2,
+                                                   states={"idle": 0.05, "iowait": 0.0, "steal": 0.0, "softirq": 0.01},
+                                                   groups={"delay daemons": 0.02, "runner": 0.001})))
+    cfg = WorkerConfig(rank=rank, world=2, master_addr="x", master_port=1, schedules=["1f1b-prefetch"], microbatches=M)
+    actions = [str(a) for a in build("1f1b-prefetch", 2, M)[rank]]
+    return RankTrace(config=cfg, schedule="1f1b-prefetch", rank=rank, iterations=its, actions=actions,
+                     activation_bytes=131072, reference_compute_s=[reference, reference])
+
+
+def _split(**faults: float) -> Breakdown:
+    result = breakdown([_trace(0, **faults), _trace(1, **faults)], [0.0], [1e9])
+    assert result is not None
+    return result
+
+
+def test_the_parts_add_up_to_the_step_exactly() -> None:
+    split = _split(runq=0.001, cpu_factor=1.1, wait=0.05, gap=0.002)
+    for st in split.stages:
+        total = (st.reference_s + st.compute_cpu_excess_s + st.compute_preempted_s + st.compute_blocked_s + st.wait_s
+                 + st.executor_s + st.skew_s)
+        assert total == pytest.approx(st.step_s, abs=1e-9)
+
+
+def test_each_fault_lands_in_its_own_part() -> None:
+    """Preemption (run-queue wait inside spans), slower compute (more CPU per span than the reference), the
+    executor's gaps and a wait each show up where they belong, hand-computed for 4 micro-batches."""
+    clean = _split()
+    assert all(abs(v) < 1e-9 for v in (clean.stages[0].compute_preempted_s, clean.stages[0].compute_cpu_excess_s,
+                                       clean.stages[0].executor_s))
+    preempted = _split(runq=0.001)
+    assert preempted.stages[0].compute_preempted_s == pytest.approx(2 * M * 0.001)
+    assert preempted.stages[0].compute_cpu_excess_s == pytest.approx(0.0, abs=1e-9)
+    slower = _split(cpu_factor=1.25)
+    assert slower.stages[0].compute_cpu_excess_s == pytest.approx(0.25 * M * (F + B))
+    assert slower.stages[0].compute_preempted_s == pytest.approx(0.0)
+    gaps = _split(gap=0.002)
+    assert gaps.stages[0].executor_s == pytest.approx(2 * M * 0.002)
+    assert gaps.stages[0].executor_cpu_s == pytest.approx(2 * M * 0.002)
+    waited = _split(wait=0.05)
+    assert waited.stages[0].wait_s == pytest.approx(0.05)
+    assert dict(waited.ranked())["wait_beyond_ideal_s"] > 0
+
+
+def test_ideal_step_is_the_simulated_pipeline_on_the_reference_compute() -> None:
+    """Hand-computed for 2 stages, 4 micro-batches of F 10 ms + B 20 ms, 128 KiB messages at 1 Gbit/s (T = 1.05
+    ms each): stage 0 runs 5 x (F + B) worth of time (fill and drain add one F+B of the other stage) and waits
+    for two message crossings twice (after F1 and after F3): 150 + 4 T = 154.19 ms."""
+    split = _split()
+    transfer = 131072 * 8 / 1e9
+    assert split.ideal_step_s is not None and split.overhead_s is not None
+    assert split.ideal_step_s == pytest.approx((M + 1) * (F + B) + 4 * transfer, abs=1e-6)
+
+
+def test_cpu_ledger_accounts_for_the_machine_and_survives_json() -> None:
+    split = _split(runq=0.001)
+    names = {c.name for c in split.cpu}
+    assert {"workers: compute (F/B spans)", "workers: gloo_tcp_loop threads", "delay daemons", "runner", "idle"} <= names
+    compute = next(c for c in split.cpu if c.name.startswith("workers: compute"))
+    assert compute.runq_s == pytest.approx(2 * 2 * M * 0.001)          # both ranks' spans waited
+    assert Breakdown.from_json(split.to_json()).to_json() == split.to_json()
+
+
+def test_traces_without_per_span_clocks_have_no_breakdown() -> None:
+    old = [_trace(0), _trace(1)]
+    for t in old:
+        for it in t.iterations:
+            it.spans = [Span(s.kind, s.mb, s.start, s.end) for s in it.spans]
+    assert breakdown(old, [0.0], [1e9]) is None

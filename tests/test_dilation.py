@@ -1,0 +1,115 @@
+"""Time dilation (testbed/run/dilation.py): k from the caps, traces back in undilated time, the cgroup layout
+on v1 and v2 (a scratch folder standing in for /sys/fs/cgroup), and on this machine's own cgroups a cap that
+really throttles (root)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed.backends import cgroups
+from testbed.run.dilation import OFF, RESERVE_CORES, DilationError, plan_dilation, undilate
+from workloads.records import IterationRecord, RankTrace, Span, WorkerConfig
+from workloads.schedule import GeoPipeSizing
+
+
+def test_k_follows_from_the_caps() -> None:
+    auto = plan_dilation("auto", workers=2, cpus=2)
+    assert auto.worker_cores == pytest.approx((2 - RESERVE_CORES) / 2)
+    assert auto.factor == pytest.approx(2 / (2 - RESERVE_CORES)) and "k = 2 / (2 - 0.3)" in auto.reason
+    assert plan_dilation("auto", workers=2, cpus=4).factor == 1.0          # cores to spare: nothing competes
+    assert plan_dilation("off", 2, 2) == OFF and plan_dilation("1", 2, 2) == OFF
+    asked = plan_dilation("1.5", 2, 2)
+    assert asked.worker_cores == pytest.approx(2 / 3) and asked.reserve_cores == pytest.approx(2 - 4 / 3)
+    with pytest.raises(DilationError, match="leaving nothing to the rest"):
+        plan_dilation("1.0001", 2, 2)
+    with pytest.raises(DilationError, match="use off, auto or a factor"):
+        plan_dilation("fast", 2, 2)
+    with pytest.raises(DilationError, match="at least 1"):
+        plan_dilation("0.5", 2, 2)
+
+
+def test_undilate_divides_wall_times_and_keeps_the_parts_adding_up() -> None:
+    """A span of 25 ms wall (k = 1.25) with 16 ms CPU and 8 ms on the run queue (the throttled part
+    included) and 1 ms asleep is, undilated, 20 ms: 16 ms CPU, 0.8 ms asleep, the rest (3.2 ms) waiting."""
+    span = Span("F", 0, 1.0, 1.025, 0.016, 0.008)
+    it = IterationRecord(iteration=1, warmup=False, start=1.0, end=1.025, spans=[span], compute_s=0.025,
+                         wait_s=0.0, forward_s=0.025, main_cpu_s=0.016, main_runq_s=0.008)
+    trace = RankTrace(config=WorkerConfig(rank=0, world=2, master_addr="x", master_port=1, schedules=["geopipe"]),
+                      schedule="geopipe", rank=0, iterations=[it], reference_compute_s=[2.5, 2.4],
+                      geopipe_sizing=GeoPipeSizing((1, 0), (0, 3), (1, 0), ("hidden", "no link"), (0.0125, 0.0)))
+    out = undilate(trace, 1.25)
+    s = out.iterations[0].spans[0]
+    assert (s.start, s.end, s.cpu_s) == pytest.approx((0.8, 0.82, 0.016))
+    assert s.seconds - s.cpu_s - s.runq_s == pytest.approx(0.001 / 1.25)
+    assert out.reference_compute_s == pytest.approx([2.0, 1.92]) and out.dilation == 1.25
+    assert out.iterations[0].compute_s == pytest.approx(0.02) and out.iterations[0].forward_s == pytest.approx(0.02)
+    assert out.geopipe_sizing is not None and out.geopipe_sizing.cover_s == pytest.approx((0.01, 0.0))
+    assert RankTrace.from_json(out.to_json()).dilation == 1.25
+
+
+def _fake_v1(root: Path) -> None:
+    (root / "cpu").mkdir(parents=True)
+    for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us", "tasks", "cgroup.procs"):
+        (root / "cpu" / name).write_text("")
+
+
+def test_v1_layout_caps_the_worker_and_frees_its_threads(tmp_path: Path) -> None:
+    _fake_v1(tmp_path)
+    controller = cgroups.cpu_controller(tmp_path)
+    assert controller.version == 1
+    cap = cgroups.create_worker_cap(controller, "testbed-x-w0", 0.85, 0.005)
+    assert (cap.group / "cpu.cfs_period_us").read_text() == "5000"
+    assert (cap.group / "cpu.cfs_quota_us").read_text() == "4250"
+    assert cap.procs == cap.group / "cgroup.procs" and cap.threads == tmp_path / "cpu" / "tasks"
+
+
+def test_v2_layout_is_a_threaded_subtree(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids")
+    (tmp_path / "cgroup.subtree_control").write_text("cpu")
+    controller = cgroups.cpu_controller(tmp_path)
+    assert controller.version == 2
+    cap = cgroups.create_worker_cap(controller, "testbed-x-w1", 0.5, 0.01)
+    assert (cap.group / "compute" / "cpu.max").read_text() == "5000 10000"
+    assert (cap.group / "compute" / "cgroup.type").read_text() == "threaded"
+    assert cap.threads == cap.group / "comm" / "cgroup.threads" and cap.procs == cap.group / "compute" / "cgroup.procs"
+
+
+def test_no_cpu_controller_says_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(cgroups.CgroupError, match="no cgroup cpu controller.*run without --dilation"):
+        cgroups.cpu_controller(tmp_path)
+
+
+@pytest.mark.root
+def test_a_cap_really_throttles_and_is_removed() -> None:
+    """On this machine's cgroups: a busy loop of 1.5 s wall time capped at 0.3 core gets 0.2-0.4 of a core
+    (its own CPU time over its wall time), the cgroup's throttled time grows, and the cgroup is gone after."""
+    try:
+        controller = cgroups.cpu_controller()
+    except cgroups.CgroupError as exc:
+        pytest.skip(str(exc))
+    cap = cgroups.create_worker_cap(controller, f"testbed-pytest-{os.getpid()}", 0.3, 0.005)
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time\nsys.stdin.read(1)\nt = time.monotonic()\n"
+                             "while time.monotonic() - t < 1.5: pass"], stdin=subprocess.PIPE)
+    try:
+        cap.procs.write_text(str(proc.pid))
+        assert proc.stdin is not None
+        proc.stdin.write(b"x")
+        proc.stdin.close()
+        start = time.monotonic()
+        _, _, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - start
+        throttled = cgroups.throttled_s(cap.group)
+    finally:
+        if proc.poll() is None and proc.returncode is None:
+            proc.kill()
+        cgroups.remove(cap.group)
+    share = (usage.ru_utime + usage.ru_stime) / wall
+    assert 0.2 < share < 0.4, share
+    assert throttled is not None and throttled > 0.5
+    assert not cap.group.exists()
