@@ -27,7 +27,7 @@ APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openv
 	rdma-core ibverbs-utils perftest python3-pyverbs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install apt stock-kernel test test-host test-unit multihost vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport bench-schedules-transport cli clean
+.PHONY: demo install apt stock-kernel test test-host test-unit multihost vm-test lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport bench-schedules-transport breakdown bench-repro bench-overhead cli clean
 
 install: $(STAMP) stock-kernel
 
@@ -128,6 +128,18 @@ bench-transport: install
 # 1F1B and GeoPipe over TCP and RDMA, alternating on one link (time-scaled to TCG's compute; ~55 min: four runs of ~12 min).
 bench-schedules-transport: install
 	$(TESTBED) vm --timeout 7200 --out results/vm -- $(PY) bench/schedules_transport.py
+
+# Where a step's time goes at 0 km and 1000 km: the ideal pipeline and the testbed's own cost, part by part, ranked.
+breakdown: install
+	$(PY) bench/breakdown.py $(ARGS)
+
+# The focus point (1000 km, 1f1b-prefetch and geopipe interleaved) RUNS times: spread of step times, speed-up, plans.
+bench-repro: install
+	$(PY) bench/repro.py --runs $(or $(RUNS),3) $(ARGS)
+
+# One part of the apparatus, variant against variant, interleaved (COMPARE=daemon|tcp|mtu|comm|dilation).
+bench-overhead: install
+	$(PY) bench/overhead.py --compare $(or $(COMPARE),daemon) $(ARGS)
 
 bench-links: install
 	$(PY) bench/links.py $(if $(shell $(TESTBED) vm --check >/dev/null 2>&1 && echo y),--netem-vm)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -18,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from testbed.deploy import lifecycle  # noqa: E402
 from testbed.deploy.linkset import set_link  # noqa: E402
-from testbed.run.breakdown import COMPONENTS, LABELS, render  # noqa: E402
+from testbed.run.breakdown import render  # noqa: E402
+from testbed.run.breakdown import side_by_side as breakdown_columns  # noqa: E402
 from testbed.run.runner import RunOptions, run_schedules  # noqa: E402
 from testbed.run.summary import ScheduleSummary  # noqa: E402
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM  # noqa: E402
@@ -60,25 +60,12 @@ def main() -> int:
 
 
 def side_by_side(measured: dict[tuple[float, str], ScheduleSummary]) -> str:
-    """Milliseconds per step, mean over stages, one column per (distance, schedule)."""
-    keys = [k for k, s in measured.items() if s.breakdown]
-    head = ["ms per step (mean over stages)", *(f"{s} @{km:g} km" for km, s in keys)]
-
-    def row(label: str, values: list[float | None]) -> list[str]:
-        return [label, *("-" if v is None else f"{v * 1e3:+.0f}" for v in values)]
-
-    splits = [measured[k].breakdown for k in keys]
-    rows = [["step", *(f"{b.step_s * 1e3:.0f}" for b in splits if b)],
-            ["ideal step (reference compute, configured links)",
-             *(f"{b.ideal_step_s * 1e3:.0f}" if b and b.ideal_step_s else "-" for b in splits)],
-            row("the testbed's own cost", [b.overhead_s if b else None for b in splits])]
-    for part in COMPONENTS:
-        rows.append(row(f"  {LABELS[part]}", [statistics.mean(st.component(part) for st in b.stages) if b else None
-                                               for b in splits]))
-    rows.append(["bubble vs reference", *(f"{measured[k].bubble_vs_reference:.3f}" for k in keys)])
+    columns = [(f"{schedule} @{km:g} km", [s.breakdown]) for (km, schedule), s in measured.items() if s.breakdown]
+    headers, rows = breakdown_columns(columns)
+    rows.append(["bubble vs reference", *(f"{s.bubble_vs_reference:.3f}" for s in measured.values() if s.breakdown)])
     rows.append(["span stretch (max over stages)",
-                 *(f"{max(measured[k].span_stretch_per_stage or [0]):.2f}" for k in keys)])
-    return table.render(head, rows, "side by side")
+                 *(f"{max(s.span_stretch_per_stage or [0]):.2f}" for s in measured.values() if s.breakdown)])
+    return table.render(headers, rows, "side by side")
 
 
 if __name__ == "__main__":

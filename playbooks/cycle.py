@@ -31,7 +31,7 @@ from testbed.remote.inventory import Inventory, Machine
 from testbed.remote.ssh import RemoteError, Session
 from testbed.run import metrics
 from testbed.run.placement import PlacementError, place_stages
-from testbed.run.runner import RunError, RunOptions
+from testbed.run.runner import RunError, RunOptions, compute_drift, measure
 from testbed.run.summary import LinkRecord, RunSummary, StageLink, StagePlacement
 from testbed.util import units
 from testbed.util.hostload import STEAL_BOUND, HostLoad
@@ -356,8 +356,9 @@ class Cycle:
             self.log(f"  run       {schedule}: {len(chosen)} stages on {', '.join(m.name for m in chosen)}")
             loads_before = self._loads(chosen)
             ranks = self._run_schedule(schedule, options, chosen, links, run_dir / schedule, run_id)
-            measured = metrics.summarize(schedule, ranks, tokens)
+            measured = measure(schedule, ranks, tokens, links)
             measured.host_load = self._host_load(chosen, loads_before)
+            measured.host_load.compute_drift = compute_drift([measured])
             traces[schedule] = ranks
             summaries.append(measured)
         self.step_s["run"] = time.monotonic() - start - self.collect_s    # stopping workers included, fetching not

@@ -502,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="budget of the headline runs (1f1b, 1f1b-prefetch, geopipe; enforced): bytes or 1f1b+N, "
                         "or none")
     p.add_argument("--microbatches", type=int, default=64)
-    p.add_argument("--iterations", type=int, default=4, help="timed iterations per run (after one warm-up)")
+    p.add_argument("--iterations", type=int, default=3,
+                   help="timed iterations of each schedule per run, interleaved (after one warm-up)")
     p.add_argument("--results", default="results")
     p.add_argument("--backend", default="netns", choices=sorted(BACKENDS))
     p.add_argument("--switch", default="auto", choices=SWITCH_KINDS, help="mininet: DC switch")

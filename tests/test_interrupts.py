@@ -52,7 +52,7 @@ POINTS = {
     "bring-up": lambda name, term: (state.state_dir() / f"{name}.json").exists(),
     "warm-up": lambda name, term: "running 1f1b" in term.output(),
     "a schedule": lambda name, term: "1f1b iteration 2:" in term.output(),
-    "between schedules": lambda name, term: "running geopipe" in term.output(),
+    "the other schedule": lambda name, term: "geopipe iteration 3:" in term.output(),   # interleaved with 1f1b
 }
 STOPS = {
     "SIGINT": (lambda term: term.ctrl_c(), 130),
@@ -81,17 +81,18 @@ def test_run_stopped_at_any_point_leaves_nothing(stop: str, point: str, unique_n
 def test_experiment_stopped_keeps_its_points_and_resumes_to_the_full_table(
         unique_name: str, tmp_path: Path, terminal: Callable[[list[str]], Terminal]) -> None:
     results = tmp_path / "results"
-    argv = [sys.executable, "-m", "testbed", "experiment", "--distances", "0,100", "--repetitions", "1",
-            "--budgets", "", "--rates", "", "--microbatches", "4", "--iterations", "2", "--results", str(results)]
-    term = terminal(argv)                   # 2 distances x 1f1b, 1f1b-prefetch, geopipe: 6 runs
-    _wait_for(lambda: term.output().count("bubble ") >= 2, "two measured points", term, timeout_s=240)
+    argv = [sys.executable, "-m", "testbed", "experiment", "--distances", "0,100", "--focus", "100", "--repetitions",
+            "2", "--focus-schedules", "", "--budgets", "", "--rates", "", "--microbatches", "4", "--iterations", "2",
+            "--results", str(results)]
+    term = terminal(argv)        # one launch: 2 distances x 1f1b, 1f1b-prefetch, geopipe; then a repetition at 100 km
+    _wait_for(lambda: term.output().count("bubble ") >= 6, "the distance sweep's points", term, timeout_s=300)
     os.kill(term.pid, signal.SIGTERM)
     term.wait_exit()
     assert term.status() == 143, term.output()
     (exp_dir,) = results.iterdir()
     doc = json.loads((exp_dir / "summary.json").read_text())
-    assert doc["partial"] and doc["stopped"] == "received SIGTERM" and len(doc["points"]) >= 2
-    assert len(doc["points"]) + len(doc["missing"]) == 6
+    assert doc["partial"] and doc["stopped"] == "received SIGTERM" and len(doc["points"]) == 6
+    assert len(doc["points"]) + len(doc["missing"]) == 9
     assert "PARTIAL" in (exp_dir / "report.md").read_text() and (exp_dir / "report.html").exists()
     report = subprocess.run([sys.executable, "-m", "testbed", "report", str(exp_dir)], capture_output=True, text=True,
                             cwd=REPO, timeout=120)
@@ -104,7 +105,7 @@ def test_experiment_stopped_keeps_its_points_and_resumes_to_the_full_table(
     assert resumed.status() == 0, resumed.output()
     done = json.loads((exp_dir / "summary.json").read_text())
     assert not done["partial"] and done["missing"] == [] and done["resumed"] == 1
-    assert len(done["points"]) == 6 and before <= {p["label"] for p in done["points"]}
+    assert len(done["points"]) == 9 and before <= {p["label"] for p in done["points"]}
     assert f"{len(doc['missing'])} to go" in " ".join(resumed.output().split())
     again = subprocess.run([sys.executable, "-m", "testbed", "experiment", "--resume", str(exp_dir)],
                            capture_output=True, text=True, cwd=REPO, timeout=120)
@@ -115,9 +116,10 @@ def test_experiment_stopped_keeps_its_points_and_resumes_to_the_full_table(
 def test_experiment_stopped_by_ctrl_c_or_a_closed_terminal_keeps_its_points(
         stop: str, tmp_path: Path, terminal: Callable[[list[str]], Terminal]) -> None:
     results = tmp_path / "results"
-    term = terminal([sys.executable, "-m", "testbed", "experiment", "--distances", "0,100", "--repetitions", "1",
-                     "--budgets", "", "--microbatches", "4", "--iterations", "2", "--results", str(results)])
-    _wait_for(lambda: "bubble " in term.output(), "a measured point", term, timeout_s=240)
+    term = terminal([sys.executable, "-m", "testbed", "experiment", "--distances", "0,100", "--focus", "100",
+                     "--repetitions", "2", "--focus-schedules", "", "--budgets", "", "--rates", "", "--microbatches", "4",
+                     "--iterations", "2", "--results", str(results)])
+    _wait_for(lambda: "bubble " in term.output(), "a measured point", term, timeout_s=300)
     send, code = STOPS[stop]
     send(term)
     term.wait_exit()
@@ -128,6 +130,40 @@ def test_experiment_stopped_by_ctrl_c_or_a_closed_terminal_keeps_its_points(
     assert doc["partial"] and doc["stopped"] == f"received {stop}" and doc["points"]
     assert (exp_dir / "report.md").exists()
     assert netns_with_prefix("tb-exp") == [] and _processes_mentioning(str(results)) == []
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_dilated_run_stopped_removes_its_cgroups_and_restores_the_links(
+        stop: str, unique_name: str, tmp_path: Path, terminal: Callable[[list[str]], Terminal]) -> None:
+    """A dilated run on a testbed that stays up: stopped mid-run, its capped cgroups are gone and the links are
+    back at their own delay and rate (not k times slower), with nothing in the state to restore."""
+    from testbed.backends import cgroups
+
+    try:
+        root = cgroups.cpu_controller().root
+    except cgroups.CgroupError as exc:
+        pytest.skip(str(exc))
+    subprocess.run([sys.executable, "-m", "testbed", "up", "2dc-1000km", "--name", unique_name, "--verify", "skip"],
+                   check=True, cwd=REPO, capture_output=True, timeout=300)
+    try:
+        term = terminal([sys.executable, "-m", "testbed", "run", unique_name, "--schedule", "1f1b,geopipe",
+                         "--iterations", "6", "--dilation", "auto", "--results", str(tmp_path / "results"), *SMALL])
+        _wait_for(lambda: "1f1b iteration 2:" in term.output() and list(root.glob(f"testbed-{unique_name}-w*")),
+                  "a dilated schedule", term)
+        assert "time dilation k = " in term.output()
+        send, code = STOPS[stop]
+        send(term)
+        term.wait_exit()
+        assert term.status() == code, term.output()
+        assert list(root.glob(f"testbed-{unique_name}-*")) == []
+        doc = json.loads((state.state_dir() / f"{unique_name}.json").read_text())
+        assert doc["cgroups"] == [] and doc["undilated"] == []
+        assert {d["delay_s"] for d in doc["plan"]["directions"]} == {0.005}
+        assert {d["rate_bps"] for d in doc["plan"]["directions"]} == {1e9}
+        assert [p for p in doc["processes"] if p["role"] == "worker"] == []
+    finally:
+        subprocess.run([sys.executable, "-m", "testbed", "down", unique_name], cwd=REPO, capture_output=True, timeout=120)
+    _assert_nothing_left(unique_name, tmp_path / "results")
 
 
 @pytest.mark.mininet

@@ -71,8 +71,10 @@ def test_softroce_topology_widens_the_fabric_mtu() -> None:
     assert plan.rdma == "softroce"
     assert {h.interfaces[0].mtu for h in plan.hosts} == {9000}
     assert transport.path_mtus(plan, list(plan.hosts)) == [4096]
-    plain = build_plan(load_topology(REPO / "topologies" / "2dc-1000km.yaml"))
+    plain = build_plan(load_topology(REPO / "topologies" / "4dc-32hosts.yaml"))         # no fabric MTU given
     assert plain.rdma == "none" and {h.interfaces[0].mtu for h in plain.hosts} == {1500}
+    jumbo = build_plan(load_topology(REPO / "topologies" / "2dc-1000km.yaml"))         # fabric: {mtu: 9000}
+    assert jumbo.rdma == "none" and {h.interfaces[0].mtu for h in jumbo.hosts} == {9000}
 
 
 def test_transport_choice_names_what_is_missing() -> None:

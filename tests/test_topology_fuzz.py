@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import hypothesis  # noqa: F401,E402  (a broken install fails here, it does not skip)
 import pytest
 import yaml
-
-hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

@@ -12,6 +12,27 @@ from workloads.schedule import GeoPipeSizing
 from workloads.threadclock import ThreadUsage
 
 
+@dataclass(frozen=True, slots=True)
+class LinkSetting:
+    """One setting of the links between the stages that a run switches to between iterations (the runner
+    applies it to the emulated link when rank 0 asks; workloads/worker.py)."""
+
+    label: str
+    """Its name and the traces' folder, e.g. `1000km`."""
+    link_delay_s: list[float]
+    link_rate_bps: list[float]
+    schedules: list[str] = field(default_factory=list)
+    """The schedules run under this setting (empty: every schedule of the run)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LinkSetting:
+        return cls(str(data["label"]), [float(x) for x in data["link_delay_s"]], [float(x) for x in data["link_rate_bps"]],
+                   list(data.get("schedules", [])))
+
+
 @dataclass(kw_only=True, slots=True)
 class WorkerConfig:
     """One rank's job, written by the runner as worker-<rank>.json."""
@@ -34,6 +55,9 @@ class WorkerConfig:
     """Configured one-way delay between stage s and s+1 (0 within a DC)."""
     link_rate_bps: list[float] = field(default_factory=list)
     """Bottleneck rate between stage s and s+1, bits per second."""
+    settings: list[LinkSetting] = field(default_factory=list)
+    """Link settings to run every schedule under, interleaved with the schedules (the first is in force at the
+    start); traces go to OUT/<label>/<schedule>/. Empty: the links as they are (`link_delay_s`, ...)."""
     memory_budget: str | None = None
     """In-flight memory per stage: bytes (`1000000`) or `1f1b+N` (workloads.memory.MemoryBudget)."""
     unbudgeted: list[str] = field(default_factory=list)
@@ -80,7 +104,8 @@ class WorkerConfig:
         known = {k: v for k, v in data.items() if k != "schedule"}
         return cls(**{**known, "schedules": list(data.get("schedules", [data.get("schedule")])),
                       "memory_budget": None if budget is None else str(budget),
-                      "watch": [WatchGroup.from_json(g) for g in data.get("watch", [])]})
+                      "watch": [WatchGroup.from_json(g) for g in data.get("watch", [])],
+                      "settings": [LinkSetting.from_json(x) for x in data.get("settings", [])]})
 
 
 @dataclass(slots=True)

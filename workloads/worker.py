@@ -11,6 +11,7 @@ stdout as JSON lines; each schedule's trace is written to OUT/<schedule>/rank-<r
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -48,38 +49,82 @@ def main(config_path: str) -> int:
     finally:
         dist.destroy_process_group()
     for trace in traces:
-        folder = Path(cfg.out_dir, trace.schedule)
+        folder = Path(trace.config.out_dir, trace.schedule)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"rank-{cfg.rank}.json").write_text(json.dumps(trace.to_json()))
     log("done", rank=cfg.rank)
     return 0
 
 
+def per_setting(cfg: WorkerConfig) -> list[WorkerConfig]:
+    """The configuration of each link setting (its links, its traces' folder); one, as given, without any."""
+    if not cfg.settings:
+        return [cfg]
+    return [dataclasses.replace(cfg, link_delay_s=list(s.link_delay_s), link_rate_bps=list(s.link_rate_bps),
+                                out_dir=str(Path(cfg.out_dir, s.label)), schedules=list(s.schedules or cfg.schedules),
+                                settings=[]) for s in cfg.settings]
+
+
 def run_interleaved(cfg: WorkerConfig) -> list[Any]:
-    """Every schedule of `cfg` on this rank, interleaved; their traces in `cfg.schedules` order."""
+    """Every schedule of `cfg` under every link setting on this rank, interleaved: warm-ups setting by setting,
+    then each timed round visits the settings in ABBA order and, within one, the schedules in ABBA order.
+    The traces, setting by setting in `cfg.schedules` order."""
     import torch
 
     shape = activation_shape(cfg)
-    transport, detail = open_transport(cfg, int(torch.Size(shape).numel()) * 4)
-    message_cost = probe_message_cost(cfg, transport, shape)
+    configs = per_setting(cfg)
+    widest = max(configs, key=lambda c: max(c.link_delay_s, default=0.0))
+    transport, detail = open_transport(widest, int(torch.Size(shape).numel()) * 4)
     host = HostCpu(cfg.watch)
-    for name in cfg.schedules:
-        Path(cfg.out_dir, name).mkdir(parents=True, exist_ok=True)
-    runs: list[OursRun | TorchRun] = [
-        TorchRun(cfg, name, transport) if name in TORCH_SCHEDULES
-        else OursRun(cfg, name, transport, detail, message_cost, host) for name in cfg.schedules]
-    for run in runs:
-        run.iteration(0)
-    _reference(cfg, runs)
+    switch = LinkSwitch(cfg.rank)
+    runs: list[list[OursRun | TorchRun]] = []
+    for index, c in enumerate(configs):
+        switch.to(index)
+        message_cost = probe_message_cost(c, transport, shape)
+        for name in c.schedules:
+            Path(c.out_dir, name).mkdir(parents=True, exist_ok=True)
+        runs.append([TorchRun(c, name, transport) if name in TORCH_SCHEDULES
+                     else OursRun(c, name, transport, detail, message_cost, host) for name in c.schedules])
+        for run in runs[-1]:
+            run.iteration(0)
+    everything = [run for group in runs for run in group]
+    _reference(cfg, everything)
     for it in range(1, cfg.iterations + 1):
-        for run in (runs if it % 2 else list(reversed(runs))):
-            run.iteration(it)
-    for run in runs:
+        for index in _abba(list(range(len(configs))), it):
+            switch.to(index)
+            for run in _abba(runs[index], it):
+                run.iteration(it)
+    for run in everything:
         run.finish()
-    _reference(cfg, runs)
+    _reference(cfg, everything)
     transport.barrier()                  # every rank is done sending before any closes its queue pairs
     transport.close()
-    return [run.trace() for run in runs]
+    return [run.trace() for run in everything]
+
+
+def _abba(items: list[Any], iteration: int) -> list[Any]:
+    """In order on odd iterations, reversed on even ones: a drift of the host falls on every item alike."""
+    return items if iteration % 2 else list(reversed(items))
+
+
+class LinkSwitch:
+    """Moves the run to another link setting: rank 0 asks the runner (a `link` event on stdout, then one line
+    on stdin once it is in force), every rank waits at a barrier. Setting 0 is in force at the start."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.current = rank, 0
+
+    def to(self, index: int) -> None:
+        if index == self.current:
+            return
+        import torch.distributed as dist
+
+        if self.rank == 0:
+            log("link", rank=self.rank, setting=index)
+            if not sys.stdin.readline():
+                raise RuntimeError("the runner closed the link-switch channel")
+        dist.barrier()
+        self.current = index
 
 
 def _reference(cfg: WorkerConfig, runs: list[OursRun | TorchRun]) -> None:

@@ -26,7 +26,7 @@ def render_all(exp_dir: Path) -> list[Path]:
     record = ExperimentRecord.load(exp_dir)
     out = [bubble_vs_distance(record, exp_dir / "bubble_vs_distance.png"),
            gantt(record, exp_dir / "timeline_1f1b_vs_geopipe.png")]
-    if record.sweep("budget"):
+    if record.budget_points():
         out.append(memory_budget(record, exp_dir / "memory_budget.png"))
     if record.sweep("rate"):
         out.append(sweep_plot(record, "rate", lambda p: p.rate_bps * 1e-6, "OTN link rate (Mbit/s)",
@@ -86,7 +86,8 @@ def gantt(record: ExperimentRecord, path: Path) -> Path | None:
     axes = [axes] if len(runs) == 1 else list(axes)
     longest = 0.0
     for ax, (schedule, run_dir) in zip(axes, runs.items(), strict=True):
-        ranks = [RankTrace.from_json(json.loads(p.read_text())) for p in sorted(run_dir.glob("rank-*.json"))]
+        ranks = [RankTrace.from_json(json.loads(p.read_text())) for p in sorted(run_dir.glob("rank-*.json"))
+                 if not p.name.endswith(".dilated.json")]
         index = next(i for i, it in enumerate(ranks[0].iterations) if not it.warmup)
         origin = min(r.iterations[index].start for r in ranks)
         for r in ranks:
@@ -111,7 +112,7 @@ def gantt(record: ExperimentRecord, path: Path) -> Path | None:
 
 
 def memory_budget(record: ExperimentRecord, path: Path) -> Path:
-    pts = record.sweep("budget")
+    pts = record.budget_points()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     xs = list(range(len(pts)))
     ax.plot(xs, [p.bubble for p in pts], "o-", color=COLORS["geopipe"], label="geopipe (measured)")

@@ -41,7 +41,8 @@ class ExperimentSpec:
     predict_km: list[float] = field(default_factory=lambda: [5000])
     """Model-only distances (what the machine does not emulate)."""
     microbatches: int = 64
-    iterations: int = 4
+    iterations: int = 3
+    """Timed iterations of every schedule per launch (interleaved with the others), after one warm-up."""
     memory_budget: str | None = "1f1b+1"
     """The budget of every run but the budget sweep (enforced on our schedules): the headline's."""
     model: dict[str, Any] = field(default_factory=dict)
@@ -87,6 +88,8 @@ class Point:
     measured: ScheduleSummary
     predicted_bubble: float | None
     predicted_step_s: float | None
+    """The model's step fed by this launch's own compute (its 1f1b's spans, else the first of ours), the probed
+    per-message cost and the configured link: the schedule and the distance are the model's to predict."""
     run_dir: str
     label: str = ""
     """The run's name under runs/ (which planned run this is; what a resume skips)."""
@@ -96,6 +99,9 @@ class Point:
     daemon_restarts: int = 0
     transport: str = "tcp"
     """tcp (gloo) or rdma (RC queue pairs over SoftRoCE): what the run's workers used, and what the model assumed."""
+    predicted_step_from_0km_s: float | None = None
+    """The model's step fed by the 0 km 1f1b launch instead: what a user predicting from one 0 km run gets (it
+    also carries the host's drift between launches, 10-30 % over minutes on the project's 2-core VMs)."""
 
     @property
     def bubble(self) -> float | None:
@@ -178,6 +184,15 @@ class ExperimentRecord:
 
     def sweep(self, name: str, schedule: str | None = None) -> list[Point]:
         return [p for p in self.points if p.sweep == name and (schedule is None or p.schedule == schedule)]
+
+    def budget_points(self) -> list[Point]:
+        """geopipe at each budget of the sweep at the focus distance: the sweep's own runs, and for the headline
+        budget the focus distance's first run (the sweep does not run it twice), in the sweep's order."""
+        by_budget = {p.memory_budget: p for p in self.sweep("budget")}
+        headline = next((p for p in self.headline_points("geopipe", self.spec.focus_km)), None)
+        if headline is not None and self.spec.memory_budget in self.spec.budgets:
+            by_budget.setdefault(self.spec.memory_budget, headline)
+        return [by_budget[b] for b in self.spec.budgets if b in by_budget]
 
     def focus_rows(self) -> dict[str, list[Point]]:
         """Per schedule, its runs at the focus distance and the headline budget (every repetition)."""

@@ -9,10 +9,11 @@ import statistics
 from pathlib import Path
 
 from testbed.experiment import plots
-from testbed.experiment.records import ExperimentRecord
+from testbed.experiment.records import ExperimentRecord, Point
+from testbed.run.breakdown import side_by_side
 from testbed.run.summary import STRETCH_FLAG
 from testbed.util import table, units
-from testbed.util.hostload import FOREIGN_BOUND, STEAL_BOUND
+from testbed.util.hostload import COMPUTE_DRIFT_BOUND, FOREIGN_BOUND, STEAL_BOUND
 
 MODEL_DIVERGENCE = 0.20
 
@@ -78,19 +79,15 @@ def distance_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]],
 
 
 def _reason(schedule: str, cpus: int, model_above: bool) -> str:
-    """Why the mean-time model misses a schedule's measurement, by the sign of the miss."""
+    """Why the model (fed by the 0 km 1f1b run, fitted to nothing) misses a schedule's measurement."""
     cores = f"{cpus} shared cores" if cpus else "shared cores"
     if model_above:
-        if schedule in ("1f1b", "torch-1f1b"):
-            return (f"the run went faster than the 0 km 1f1b run the model was fitted on (compute on {cores} varies "
-                    "from run to run)")
-        return ("the model's one fitted overhead per message comes from 1f1b's just-in-time hand-shakes at 0 km and "
-                "is charged to every message; a schedule that posts its receives early hides most of it")
-    if schedule.removeprefix("torch-") == "gpipe":
-        return ("the per-message overhead is fitted on 1f1b's alternating traffic; gpipe sends its activations "
-                "back to back and gloo overlaps those hand-shakes, which the model charges one by one")
-    return (f"compute spans stretch and jitter when workers and delay daemons share {cores}, and a stage then "
-            "waits for a late gradient; the model runs on the mean per-micro-batch times measured at 0 km")
+        return (f"this run computed faster than the 0 km 1f1b run the model draws its compute from (the host's speed "
+                f"on {cores} drifts by 10-30 % over minutes; the run's breakdown shows its compute against its own "
+                "reference)")
+    return (f"the testbed's own cost grew beyond what the 0 km run had: the delay daemons and gloo's I/O threads "
+            f"preempt the compute on {cores} (the run's breakdown: 'compute preempted', 'waiting beyond the ideal "
+            "pipeline')")
 
 
 def divergence_note(km: float, schedule: str, measured: float, model: float, cpus: int = 0) -> str:
@@ -102,7 +99,7 @@ def budget_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
     """geopipe at each budget of the sweep: what it was allowed, wanted, held, and the bubble it reached."""
     one = record.focus_table()["medians"].get("1f1b")
     rows = []
-    for p in record.sweep("budget"):
+    for p in record.budget_points():
         m, sizing = p.measured, p.sizing
         allowed = max(m.budget_bytes_per_stage) if m.budget_bytes_per_stage else None
         peak = m.peak_inflight_activation_bytes
@@ -118,9 +115,51 @@ def budget_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
             "extra in flight", "wanted", "bound"], rows
 
 
+def breakdown_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
+    """Where the step went at 0 km and at the focus distance, per schedule of the sweep: the ideal pipeline and
+    the testbed's own cost part by part (testbed/run/breakdown.py), medians over the runs."""
+    columns = []
+    for km in sorted({0.0, record.spec.focus_km} & {p.distance_km for p in record.sweep("distance")}):
+        for schedule in record.spec.schedules:
+            splits = [p.measured.breakdown for p in record.headline_points(schedule, km) if p.measured.breakdown]
+            if splits:
+                columns.append((f"{schedule} @{km:g} km", splits))
+    return side_by_side(columns) if columns else ([], [])
+
+
+def repro_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]], str]:
+    """The focus distance, repetition by repetition (each one launch running every schedule interleaved):
+    geopipe's step-time speed-up over each baseline of the same run, its plan, and the spread."""
+    by_rep: dict[int, dict[str, Point]] = {}
+    for p in record.headline_points(km=record.spec.focus_km):
+        by_rep.setdefault(p.repetition, {})[p.schedule] = p
+    bases = [s for s in record.spec.headline_schedules if s != "geopipe"]
+    rows, speedups = [], {b: [] for b in bases}
+    for rep, points in sorted(by_rep.items()):
+        geo = points.get("geopipe")
+        if geo is None:
+            continue
+        row = [str(rep + 1)]
+        for b in bases:
+            base = points.get(b)
+            value = base.measured.step_time_s / geo.measured.step_time_s if base else None
+            if value is not None:
+                speedups[b].append(value)
+            row.append("-" if value is None else f"{value:.3f}x")
+        row.append("/".join(map(str, geo.sizing.extra_inflight)) if geo.sizing else "-")
+        rows.append(row)
+    spread = []
+    for b, values in speedups.items():
+        if len(values) > 1:
+            med = statistics.median(values)
+            spread.append(f"over {b} {med:.3f}x, each repetition within {max(abs(v / med - 1) for v in values):.1%} "
+                          "of the median")
+    return ["repetition", *(f"speed-up over {b}" for b in bases), "geopipe plan"], rows, "; ".join(spread)
+
+
 def least_hiding_budget(record: ExperimentRecord) -> str | None:
     """The smallest budget of the sweep under which the plan hid every link (no stage bound by memory)."""
-    for p in record.sweep("budget"):
+    for p in record.budget_points():
         if p.sizing and "memory budget" not in p.sizing.bound:
             return p.memory_budget
     return None
@@ -196,7 +235,7 @@ def headline(record: ExperimentRecord) -> list[str]:
                      f"against 1F1B; here the fair figure, against 1f1b-prefetch, is "
                      f"{against['1f1b-prefetch']['bubble_cut']:.1%}.")
     least = least_hiding_budget(record)
-    if record.sweep("budget"):
+    if record.budget_points():
         lines.append(f"Least budget of the sweep under which the plan hid the link: {least or 'none of them'}.")
     stretched = [s for s, m in med.items() if m["stretch"] and m["stretch"] > STRETCH_FLAG]
     if stretched:
@@ -207,11 +246,18 @@ def headline(record: ExperimentRecord) -> list[str]:
     if unbudgeted and record.spec.memory_budget:
         lines.append(f"{', '.join(unbudgeted)} ran without the budget (not instrumented for memory, or unable to "
                      "fit it).")
+    _, repro, spread = repro_rows(record)
+    if spread:
+        lines.append(f"Reproducibility at {record.spec.focus_km:g} km ({len(repro)} repetitions, each one launch running "
+                     f"the schedules interleaved): geopipe's step-time speed-up {spread}.")
     repeated = sum(p.measured.repeated for p in record.points)
     disturbed = sum(1 for p in record.points if p.measured.host_load and p.measured.host_load.disturbed)
+    drifted = sorted({p.run_dir for p in record.points if p.measured.host_load and p.measured.host_load.drifted})
     lines.append(f"Host: {repeated} run(s) measured again because the host was disturbed (CPU steal > "
-                 f"{STEAL_BOUND:.0%} or other processes > {FOREIGN_BOUND:.0%} of the CPU), {disturbed} kept "
-                 "disturbed.")
+                 f"{STEAL_BOUND:.0%} or other processes > {FOREIGN_BOUND:.0%} of the CPU), {disturbed} kept disturbed; "
+                 f"in {len(drifted)} of {len({p.run_dir for p in record.points})} launches the compute ran more than "
+                 f"{COMPUTE_DRIFT_BOUND:.0%} slower than the launch's own reference (the host's speed changed; every "
+                 "schedule of a launch is interleaved, so it lands on all of them).")
     lossy = [p for p in record.points if not p.lossless_ok]
     if lossy:
         lines.append(f"NOT LOSSLESS: {len(lossy)} run(s) lost packets on a lossless link ("
@@ -223,10 +269,30 @@ def headline(record: ExperimentRecord) -> list[str]:
         backend += f" ({env['mininet']['switch']} switches, Mininet {env['mininet']['version']})"
     lines.append(f"Backend {backend}, shaper {env['shaper']}, transport {env['transport']}, kernel {env['kernel']}, "
                  f"{env['cpus']} CPUs, torch {env['versions'].get('torch', '?')}; experiment took {env['seconds']:.0f} s.")
+    if env.get("dilation"):
+        lines.append(f"Time dilation: {env['dilation']}.")
+    if record.model_inputs is not None:
+        lines.append(f"Model (fitted to nothing): fed by each launch's own compute (its 1f1b's spans as a distribution, "
+                     f"the executor's time between them, the probed per-message cost) and the configured link, its "
+                     f"step time is {_model_error(record, 'predicted_step_s')}; fed by the 0 km launch alone (what "
+                     f"predicts a distance not emulated; per-message cost {record.message_overhead_s * 1e3:.2f} ms), "
+                     f"{_model_error(record, 'predicted_step_from_0km_s')}, the rest being the host's drift between "
+                     "launches.")
     for m in record.model_only:
         lines.append(f"Model only (not emulated): {m.schedule} at {m.distance_km:g} km -> bubble "
                      f"{m.bubble:.3f}, step {m.step_s:.3f} s.")
     return lines
+
+
+def _model_error(record: ExperimentRecord, field: str) -> str:
+    """The model's step-time error over the distance sweep (the prediction in `field`), the largest in words."""
+    errors = [(getattr(p, field) / p.measured.step_time_s - 1, p) for p in record.headline_points()
+              if getattr(p, field)]
+    if not errors:
+        return "no prediction"
+    worst, at = max(errors, key=lambda e: abs(e[0]))
+    return (f"within {abs(worst):.1%} of the measurement at every point ({len(errors)} points; the largest at "
+            f"{at.distance_km:g} km, {at.schedule})")
 
 
 def terminal_summary(exp_dir: Path) -> str:
@@ -243,6 +309,12 @@ def terminal_summary(exp_dir: Path) -> str:
     rh, rr = rate_rows(record)
     if rr:
         out.append(table.render(rh, rr, f"\nlink rate at {record.spec.focus_km:g} km"))
+    dh, dr = breakdown_rows(record)
+    if dr:
+        out.append(table.render(dh, dr, "\nwhere the step went: the ideal pipeline and the testbed's own cost"))
+    ph, pr, _ = repro_rows(record)
+    if len(pr) > 1:
+        out.append(table.render(ph, pr, f"\nat {record.spec.focus_km:g} km, repetition by repetition"))
     out += ["", *headline(record)]
     out += [f"model divergence: {n}" for n in notes]
     return "\n".join(out)
@@ -261,6 +333,8 @@ def write_report(exp_dir: Path) -> tuple[Path, Path]:
     bh, br = budget_rows(record)
     rh, rr = rate_rows(record)
     th, tr = transport_rows(record)
+    dh, dr = breakdown_rows(record)
+    ph, pr, spread = repro_rows(record)
     images = sorted(p.name for p in exp_dir.glob("*.png"))
     parts = [f"# GeoPipe experiment {record.id}", "", *[f"- {line}" for line in headline(record)], "",
              f"## At {record.spec.focus_km:g} km, budget {record.spec.memory_budget or 'none'}", "",
@@ -271,6 +345,15 @@ def write_report(exp_dir: Path) -> tuple[Path, Path]:
              "marks a model more than 20 % off the measurement.", "", _md_table(headers, rows), ""]
     if notes:
         parts += ["Where the model diverges, and why:", "", *[f"- {n}" for n in notes], ""]
+    if dr:
+        parts += ["## Where the step went", "", "Each step split into the ideal pipeline (the stage's uncontended compute "
+                  "on the configured links, simulated with no per-message cost) and the testbed's own cost, part by "
+                  "part, from the kernel's clocks of every span (CPU, run-queue wait) and the machine's CPU ledger "
+                  "(testbed/run/breakdown.py; each run's summary.json has it per stage).", "", _md_table(dh, dr), ""]
+    if len(pr) > 1:
+        parts += [f"## Reproducibility at {record.spec.focus_km:g} km", "", "Each repetition is one launch running every "
+                  "schedule interleaved iteration by iteration, so a speed-up compares iterations seconds apart. "
+                  + (f"Speed-up {spread}." if spread else ""), "", _md_table(ph, pr), ""]
     if br:
         parts += [f"## Memory budget at {record.spec.focus_km:g} km", "", _md_table(bh, br), ""]
     if rr:

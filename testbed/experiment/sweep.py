@@ -38,7 +38,8 @@ from testbed.experiment.records import ExperimentRecord, ExperimentSpec, ModelPr
 from testbed.plan.model import LinkDirection
 from testbed.probe.latency import round_trip
 from testbed.rdma.support import rxe_in_namespaces
-from testbed.run.runner import RunOptions, run_schedules, stage_links
+from testbed.run.dilation import plan_dilation
+from testbed.run.runner import LinkSweep, RunOptions, SweepPoint, run_schedules, stage_links
 from testbed.topology import load_topology
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
 from testbed.util.interrupts import cleanup, raise_if_pending
@@ -81,14 +82,17 @@ class Setting:
 
     @property
     def group(self) -> tuple[str, float, float, int, int, str, str | None]:
-        """Settings that differ only in their schedule run together, interleaved in one launch."""
-        return (self.sweep, self.km, self.rate_bps, self.microbatches, self.repetition, self.transport, self.budget)
+        """Settings that differ only in their schedule run together, interleaved in one launch; the distance
+        sweep's distances too (the link is set to each between iterations)."""
+        km = -1.0 if self.sweep == "distance" else self.km
+        return (self.sweep, km, self.rate_bps, self.microbatches, self.repetition, self.transport, self.budget)
 
     @property
     def group_label(self) -> str:
         budget = f"-b{self.budget}" if self.budget else ""
         over = "" if self.transport == "tcp" else f"-{self.transport}"
-        return (f"{self.sweep}-{self.km:g}km-{self.rate_bps / 1e6:g}mbit-m{self.microbatches}-r{self.repetition}"
+        where = "" if self.sweep == "distance" else f"-{self.km:g}km"
+        return (f"{self.sweep}{where}-{self.rate_bps / 1e6:g}mbit-m{self.microbatches}-r{self.repetition}"
                 f"{budget}{over}")
 
 
@@ -142,7 +146,8 @@ class Experiment:
                for schedule in (every if km == s.focus_km else s.schedules)]
         out += [Setting("repeat", s.focus_km, rate, s.microbatches, schedule, rep, budget=budget)
                 for rep in range(1, s.repetitions) for schedule in every]
-        out += [Setting("budget", s.focus_km, rate, s.microbatches, "geopipe", budget=b) for b in s.budgets]
+        out += [Setting("budget", s.focus_km, rate, s.microbatches, "geopipe", budget=b) for b in s.budgets
+                if b != budget]                  # the headline budget is measured at the focus already
         out += [Setting("rate", s.focus_km, r * 1e6, s.microbatches, schedule, budget=budget)
                 for r in s.rates_mbit for schedule in ("1f1b-prefetch", "geopipe")]
         out += [Setting("microbatches", s.focus_km, rate, m, schedule, budget=budget)
@@ -202,53 +207,65 @@ class Experiment:
 
     def _sweeps(self, backend: Backend) -> None:
         swept = self._swept(backend)
-        link: tuple[float, float] | None = None
-        rtt = float("nan")
         for group in _grouped(self.missing()):
-            first = group[0]
-            if link != (first.km, first.rate_bps):
-                set_link(backend, swept.src_dc, swept.dst_dc, delay_s=first.km * FIBRE_DELAY_S_PER_KM,
-                         rate_bps=first.rate_bps)
-                link, rtt = (first.km, first.rate_bps), self._rtt(backend)
-            self._run(backend, group, rtt)
+            rtts = {}
+            for km, rate in dict.fromkeys((st.km, st.rate_bps) for st in group):
+                set_link(backend, swept.src_dc, swept.dst_dc, delay_s=km * FIBRE_DELAY_S_PER_KM, rate_bps=rate)
+                rtts[km] = self._rtt(backend)
+            first = group[0]             # a sweep over distances sets each in turn itself; it starts at the first
+            set_link(backend, swept.src_dc, swept.dst_dc, delay_s=first.km * FIBRE_DELAY_S_PER_KM, rate_bps=first.rate_bps)
+            self._run(backend, group, rtts)
 
     def _rtt(self, backend: Backend) -> float:
         swept = self._swept(backend)
         sample = round_trip(backend.netns_path(swept.src_node), backend.state.plan.receiver_address(swept), count=10)
         return sample.median_s
 
-    def _run(self, backend: Backend, group: list[Setting], rtt: float) -> None:
-        """One launch of the workers running the group's schedules interleaved; one point per schedule."""
+    def _run(self, backend: Backend, group: list[Setting], rtts: dict[float, float]) -> None:
+        """One launch of the workers running the group's schedules interleaved (and, for the distance sweep, its
+        distances too: the link is set to each between iterations); one point per setting."""
         raise_if_pending()
         s, first = self.spec, group[0]
-        schedules = [st.schedule for st in group]
+        kms = list(dict.fromkeys(st.km for st in group))
+        schedules = list(dict.fromkeys(st.schedule for st in group))
+        sweep = None
+        if len(kms) > 1:
+            swept = self._swept(backend)
+            sweep = LinkSweep(swept.src_dc, swept.dst_dc, [
+                SweepPoint(_km_label(km), km * FIBRE_DELAY_S_PER_KM, first.rate_bps,
+                           [st.schedule for st in group if st.km == km]) for km in kms])
         options = RunOptions(schedules=schedules, microbatches=first.microbatches, iterations=s.iterations,
                              model=s.model, memory_budget=first.budget, transport=first.transport,
                              unbudgeted=[st.schedule for st in group if st.applied_budget is None],
-                             dilation=s.dilation)
+                             dilation=s.dilation, sweep=sweep)
         elapsed = time.monotonic() - self.started + self.seconds_before
-        self.log(f"[{elapsed:5.0f} s] {first.sweep}: {first.km:g} km, {first.rate_bps / 1e6:g} Mbit/s, "
-                 f"m={first.microbatches}, {', '.join(schedules)}"
+        self.log(f"[{elapsed:5.0f} s] {first.sweep}: {', '.join(f'{km:g}' for km in kms)} km, "
+                 f"{first.rate_bps / 1e6:g} Mbit/s, m={first.microbatches}, {', '.join(schedules)}"
                  + (f", budget {first.budget}" if first.budget else "")
                  + (f", repetition {first.repetition + 1}" if first.repetition else "")
-                 + (f", over {first.transport}" if first.sweep == "transport" else ""))
+                 + (f", over {first.transport}" if first.sweep == "transport" else "")
+                 + (" (interleaved in one launch)" if len(group) > 1 else ""))
         run_dir, summary = run_schedules(backend, options, self.dir / "runs", run_id=first.group_label,
                                          log=lambda _m: None)
-        for setting, measured in zip(group, summary.schedules, strict=True):
+        by_entry = {(m.link_setting, m.schedule): m for m in summary.schedules}
+        for setting in group:
+            label = _km_label(setting.km) if sweep else None
+            measured = by_entry[(label, setting.schedule)]
+            where = run_dir / label if label else run_dir
             if self.times is None and setting.schedule == "1f1b" and setting.km == 0:
-                self._fit_model(backend, run_dir, measured.step_time_s, setting.microbatches)
+                self._fit_model(backend, where, measured.step_time_s, setting.microbatches)
             point = Point(sweep=setting.sweep, distance_km=setting.km, delay_s=setting.km * FIBRE_DELAY_S_PER_KM,
                           rate_bps=setting.rate_bps, microbatches=setting.microbatches, schedule=setting.schedule,
-                          repetition=setting.repetition, memory_budget=setting.applied_budget, rtt_s=rtt,
-                          measured=measured, predicted_bubble=None, predicted_step_s=None, run_dir=str(run_dir),
-                          label=setting.label, lossless_ok=summary.lossless_ok, daemon_restarts=summary.daemon_restarts,
+                          repetition=setting.repetition, memory_budget=setting.applied_budget,
+                          rtt_s=rtts.get(setting.km), measured=measured, predicted_bubble=None, predicted_step_s=None,
+                          run_dir=str(where), label=setting.label, lossless_ok=summary.lossless_ok,
+                          daemon_restarts=summary.daemon_restarts,
                           lost_packets=sum(lk.drops_during_run or 0 for lk in summary.links if lk.lossless),
                           transport=setting.transport)
             self._predict(backend, point)
             self.points.append(point)
-            self.log(f"        {setting.schedule}: bubble {point.bubble:.3f}"
-                     + (f" (model {point.predicted_bubble:.3f})" if point.predicted_bubble is not None else "")
-                     + f", step {measured.step_time_s:.3f} s"
+            self.log(f"        {setting.schedule}" + (f" at {setting.km:g} km" if sweep else "")
+                     + f": bubble {point.bubble:.3f}, step {measured.step_time_s:.3f} s"
                      + (f" (model {point.predicted_step_s:.3f} s)" if point.predicted_step_s is not None else "")
                      + (f", loss {measured.loss_last:.3f}" if measured.loss_last is not None else "")
                      + (f", repeated {measured.repeated}x (host disturbed)" if measured.repeated else ""))
@@ -258,7 +275,7 @@ class Experiment:
         """Model inputs from the 0 km 1f1b run: per-stage compute as measured (every span), the executor's time
         between spans, the stash, and the transport's per-message cost from the workers' probe. Nothing is
         fitted to a step time: the 0 km step is a prediction like every other."""
-        ranks = [RankTrace.from_json(json.loads(p.read_text())) for p in sorted((run_dir / "1f1b").glob("rank-*.json"))]
+        ranks = [RankTrace.from_json(json.loads(p.read_text())) for p in _rank_files(run_dir / "1f1b")]
         self.times = stage_times(ranks)
         self.overhead_s = self.times.message_cost_s
         (self.dir / "model_inputs.json").write_text(json.dumps(
@@ -269,9 +286,9 @@ class Experiment:
             self._predict(backend, p)
 
     def _predict(self, backend: Backend, point: Point) -> None:
-        """The model at this point's setting: the swept link's delay and rate on the stage links that cross
-        DCs, the fabric (no delay) on the others."""
-        if self.times is None or point.schedule not in MODELLED:
+        """The model at this point's setting (the swept link's delay and rate on the stage links that cross DCs,
+        the fabric on the others), fed by the compute of the point's own launch, and by the 0 km launch's."""
+        if point.schedule not in MODELLED:
             return
         plan = backend.state.plan
         hosts = RunOptions(schedules=["1f1b"]).hosts(plan)
@@ -279,9 +296,32 @@ class Experiment:
         fabric = [lk.rate_bps for lk in stage_links(plan, hosts)]
         delays = [point.delay_s if c else 0.0 for c in crossing]
         rates = [point.rate_bps if c else f for c, f in zip(crossing, fabric, strict=True)]
-        pred, _ = predict(point.schedule, self.times, point.microbatches, delays, rates, point.memory_budget,
-                          self.overhead_s, transport=point.transport)
-        point.predicted_bubble, point.predicted_step_s = bubble_vs_reference(pred, self.times), pred.iteration_s
+        own = self._launch_times(Path(point.run_dir))
+        if own is not None:
+            pred, _ = predict(point.schedule, own, point.microbatches, delays, rates, point.memory_budget,
+                              transport=point.transport)
+            point.predicted_bubble, point.predicted_step_s = bubble_vs_reference(pred, own), pred.iteration_s
+        if self.times is not None:
+            pred, _ = predict(point.schedule, self.times, point.microbatches, delays, rates, point.memory_budget,
+                              self.overhead_s, transport=point.transport)
+            point.predicted_step_from_0km_s = pred.iteration_s
+
+    def _launch_times(self, run_dir: Path) -> StageTimes | None:
+        """Model inputs from one launch: its 1f1b's traces, else those of the first of our schedules it ran."""
+        for schedule in ("1f1b", "1f1b-prefetch", "geopipe", "gpipe"):
+            files = _rank_files(run_dir / schedule)
+            if files:
+                return stage_times([RankTrace.from_json(json.loads(p.read_text())) for p in files])
+        return None
+
+    def _dilation(self, state: object) -> str:
+        """The dilation every run used, in words (k and why), or the option as given where nothing ran."""
+        plan = getattr(state, "plan", None)
+        if plan is None:
+            return self.spec.dilation
+        workers = len(RunOptions(schedules=["1f1b"]).hosts(plan))
+        d = plan_dilation(self.spec.dilation, workers, os.cpu_count() or 1)
+        return f"k = {d.factor:.3f} ({d.reason})" if d.on else f"off ({d.reason})"
 
     def _write(self, backend: Backend | None, stopped: str | None = None) -> None:
         """summary.json, points.csv, environment.json, plots and report of what was measured (all of it, or
@@ -294,7 +334,8 @@ class Experiment:
                "shaper_calibration_s": state.shaper.calibration_s if state and state.shaper else None,
                "transport": " + ".join({"tcp": "gloo-tcp", "rdma": "rdma-rc (SoftRoCE)"}.get(t, t)
                                         for t in self.spec.transports), "versions": _versions(), "cpus": os.cpu_count(),
-               "seconds": time.monotonic() - self.started + self.seconds_before}
+               "seconds": time.monotonic() - self.started + self.seconds_before,
+               "dilation": self._dilation(state)}
         (self.dir / "environment.json").write_text(json.dumps(env, indent=1))
         predictions = []
         if self.times is not None:
@@ -328,6 +369,16 @@ class Experiment:
                                  _r(load.steal_fraction if load else None), m.repeated, _r(m.loss_last)])
         plots.render_all(self.dir)
         report.write_report(self.dir)
+
+
+def _km_label(km: float) -> str:
+    return f"{km:g}km"
+
+
+def _rank_files(folder: Path) -> list[Path]:
+    """A schedule's rank traces in rank order (undilated; a dilated run's raw traces are left out)."""
+    return sorted((p for p in folder.glob("rank-*.json") if not p.name.endswith(".dilated.json")),
+                  key=lambda p: int(p.stem.split("-")[1]))
 
 
 def _grouped(settings: list[Setting]) -> list[list[Setting]]:

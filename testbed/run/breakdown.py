@@ -274,3 +274,31 @@ def render(name: str, split: Breakdown) -> str:
             [[c.name, f"{c.cpu_s * 1e3:.0f}", f"{c.fraction:.1%}", "" if c.runq_s is None else f"{c.runq_s * 1e3:.0f}"]
              for c in split.cpu]))
     return "\n\n".join(out)
+
+
+def side_by_side(columns: list[tuple[str, list[Breakdown]]]) -> tuple[list[str], list[list[str]]]:
+    """One column per (label, breakdowns of its runs): medians over the runs of the step, the ideal step, the
+    testbed's own cost and each of its parts (mean over stages), milliseconds per step."""
+    def med(values: list[float | None]) -> float | None:
+        real = [v for v in values if v is not None]
+        return statistics.median(real) if real else None
+
+    def cell(value: float | None, signed: bool = True) -> str:
+        return "-" if value is None else (f"{value * 1e3:+.0f}" if signed else f"{value * 1e3:.0f}")
+
+    headers = ["ms per step (median of runs; parts: mean over stages)", *(label for label, _ in columns)]
+    rows = [["step", *(cell(med([b.step_s for b in bs]), False) for _, bs in columns)],
+            ["ideal step (reference compute, configured links)",
+             *(cell(med([b.ideal_step_s for b in bs]), False) for _, bs in columns)],
+            ["the testbed's own cost", *(cell(med([b.overhead_s for b in bs])) for _, bs in columns)]]
+    for part in COMPONENTS:
+        rows.append([f"  {LABELS[part]}", *(cell(med([statistics.mean(st.component(part) for st in b.stages)
+                                                       for b in bs])) for _, bs in columns)])
+    rows.append(["delay daemons' CPU (of all cores)",
+                 *(_share(bs, "delay daemons") for _, bs in columns)])
+    return headers, rows
+
+
+def _share(splits: list[Breakdown], name: str) -> str:
+    values = [c.fraction for b in splits for c in b.cpu if c.name == name]
+    return f"{statistics.median(values):.1%}" if values else "-"

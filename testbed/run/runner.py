@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ from testbed.backends import nsfs
 from testbed.backends.base import Backend
 from testbed.backends.cgroups import WorkerCap
 from testbed.check.links import check_delays, daemons_cpu, delay_tolerance
-from testbed.plan.builder import HOST_IFNAME
-from testbed.plan.model import Node, Plan
+from testbed.deploy.linkset import set_link
+from testbed.plan.builder import HOST_IFNAME, reshape
+from testbed.plan.model import LinkDirection, Node, Plan
 from testbed.run import metrics
 from testbed.run.breakdown import breakdown
 from testbed.run.dilation import (
@@ -41,7 +42,7 @@ from testbed.run.dilation import (
     worker_caps,
 )
 from testbed.run.placement import PlacementError, place_stages
-from testbed.run.summary import LinkRecord, LinkTiming, RunSummary, StageLink, StagePlacement
+from testbed.run.summary import LinkRecord, LinkTiming, RunSummary, ScheduleSummary, StageLink, StagePlacement
 from testbed.run.transport import TransportChoice, TransportError
 from testbed.run.transport import choose as choose_transport
 from testbed.shaping.delayline_shaper import DelaylineShaper
@@ -55,7 +56,7 @@ from workloads.commthreads import DEFAULT_COMM_PRIORITY
 from workloads.hostcpu import WatchGroup
 from workloads.layouts import TORCH_SCHEDULES, chunks_per_rank
 from workloads.memory import MemoryBudget
-from workloads.records import RankTrace, WorkerConfig
+from workloads.records import LinkSetting, RankTrace, WorkerConfig
 from workloads.schedule import SCHEDULES
 
 ALL_SCHEDULES = (*SCHEDULES, *TORCH_SCHEDULES)
@@ -66,6 +67,34 @@ MAX_REPEATS = 1
 
 class RunError(RuntimeError):
     """The run failed; the message names the worker and quotes its log."""
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One setting of the swept link (both directions) that a run interleaves with the others."""
+
+    label: str
+    """Its name, and the folder of its schedules' traces: `1000km`."""
+    delay_s: float
+    rate_bps: float
+    schedules: list[str] = field(default_factory=list)
+    """The schedules run at this setting (empty: all of the run's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkSweep:
+    """The link between two DCs set to each point in turn while the run's workers wait between iterations:
+    every schedule at every point in one launch, so a distance sweep shares the host's drift as the
+    schedules of one launch do. The link is put back as it was afterwards."""
+
+    a: str
+    b: str
+    points: list[SweepPoint]
+
+    def __post_init__(self) -> None:
+        labels = [p.label for p in self.points]
+        if not self.points or len(set(labels)) != len(labels):
+            raise RunError(f"a link sweep needs points with distinct labels, got {labels}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -99,6 +128,8 @@ class RunOptions:
     """The workers' communication threads: normal, or realtime (SCHED_FIFO; workloads/commthreads.py)."""
     dilation: str = DEFAULT_DILATION
     """Time dilation (testbed/run/dilation.py): off, auto (k from the workers' caps) or a factor."""
+    sweep: LinkSweep | None = None
+    """Interleave these settings of one link with the schedules (the experiment's distance sweep)."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.schedules if s not in ALL_SCHEDULES]
@@ -155,27 +186,89 @@ def run_group(backend: Backend, schedules: list[str], options: RunOptions, hosts
               progress: Callable[[dict[str, Any]], None] | None = None,
               monitor: LoadMonitor | None = None, transport: TransportChoice | None = None,
               dilation: Dilation = OFF) -> dict[str, list[RankTrace]]:
-    """Run `schedules` interleaved, iteration by iteration, in one launch of the workers on `hosts`
-    (workloads/worker.py); per schedule, its per-rank traces from out_dir/<schedule>/ (in undilated time: a
-    dilated run's raw traces stay beside them as rank-<r>.dilated.json)."""
-    with dilated_links(backend, dilation.factor), worker_caps(backend, dilation, len(hosts)) as caps:
-        _run_workers(backend, schedules, options, hosts, out_dir, progress, monitor, transport, caps)
+    """Run `schedules` (at every point of `options.sweep`) interleaved, iteration by iteration, in one launch
+    of the workers on `hosts` (workloads/worker.py); per entry (`schedule`, or `label/schedule` in a sweep),
+    its per-rank traces from out_dir/<entry>/ (in undilated time: a dilated run's raw traces stay beside them
+    as rank-<r>.dilated.json)."""
+    sweep = options.sweep
+    with swept_link(backend, sweep), dilated_links(backend, dilation.factor), \
+            worker_caps(backend, dilation, len(hosts)) as caps:
+        settings, switch = [], None
+        if sweep is not None:
+            undilated = backend.state.undilated or list(backend.state.plan.directions)
+            settings = [_setting(backend, undilated, sweep, p, hosts, dilation.factor) for p in sweep.points]
+
+            def switch(index: int) -> None:
+                _apply_point(backend, sweep, sweep.points[index], dilation.factor)
+            switch(0)
+        _run_workers(backend, schedules, options, hosts, out_dir, progress, monitor, transport, caps, settings,
+                     switch)
     traces = {}
-    for schedule in schedules:
-        folder = out_dir / schedule
+    for entry in entries(schedules, sweep):
+        folder = out_dir / entry
         raw = [RankTrace.from_json(json.loads((folder / f"rank-{rank}.json").read_text())) for rank in range(len(hosts))]
         if dilation.on:
             for rank, trace in enumerate(raw):
                 (folder / f"rank-{rank}.json").rename(folder / f"rank-{rank}.dilated.json")
                 (folder / f"rank-{rank}.json").write_text(json.dumps(undilate(trace, dilation.factor).to_json()))
             raw = [undilate(trace, dilation.factor) for trace in raw]
-        traces[schedule] = raw
+        traces[entry] = raw
     return traces
+
+
+def entries(schedules: list[str], sweep: LinkSweep | None) -> list[str]:
+    """What a run measures: each schedule, or in a sweep `label/schedule` for each point's schedules."""
+    if sweep is None:
+        return list(schedules)
+    return [f"{p.label}/{s}" for p in sweep.points for s in (p.schedules or schedules)]
+
+
+@contextlib.contextmanager
+def swept_link(backend: Backend, sweep: LinkSweep | None) -> Iterator[None]:
+    """The swept link's directions put back as they were after the sweep (whatever stopped it)."""
+    if sweep is None:
+        yield
+        return
+    before = [d for d in backend.state.plan.directions if {d.src_dc, d.dst_dc} == {sweep.a, sweep.b}]
+    if not before:
+        raise RunError(f"no OTN link between {sweep.a} and {sweep.b} to sweep")
+    try:
+        yield
+    finally:
+        with cleanup():
+            for d in before:
+                set_link(backend, d.src_dc, d.dst_dc, from_dc=d.src_dc, delay_s=d.delay_s, rate_bps=d.rate_bps)
+
+
+def _apply_point(backend: Backend, sweep: LinkSweep, point: SweepPoint, factor: float) -> None:
+    set_link(backend, sweep.a, sweep.b, delay_s=point.delay_s * factor, rate_bps=point.rate_bps / factor)
+
+
+def _setting(backend: Backend, undilated: list[LinkDirection], sweep: LinkSweep, point: SweepPoint,
+             hosts: list[Node], factor: float) -> LinkSetting:
+    """What the workers are told of one point: the delay and rate between their stages with the swept link at
+    the point (k times slower in a dilated run, as the emulated link then is)."""
+    plan = backend.state.plan
+    for d in undilated:
+        plan = plan.replace_direction(d)
+    for d in undilated:
+        if {d.src_dc, d.dst_dc} == {sweep.a, sweep.b}:
+            plan = plan.replace_direction(reshape(d, delay_s=point.delay_s, rate_bps=point.rate_bps))
+    links = stage_links(plan, hosts)
+    return LinkSetting(point.label, [lk.delay_s * factor for lk in links], [lk.rate_bps / factor for lk in links],
+                       list(point.schedules))
+
+
+def point_links(backend: Backend, sweep: LinkSweep, point: SweepPoint, hosts: list[Node]) -> list[StageLink]:
+    """The undilated delay and rate between the stages with the swept link at `point`."""
+    setting = _setting(backend, backend.state.undilated or list(backend.state.plan.directions), sweep, point, hosts, 1.0)
+    return [StageLink(d, r) for d, r in zip(setting.link_delay_s, setting.link_rate_bps, strict=True)]
 
 
 def _run_workers(backend: Backend, schedules: list[str], options: RunOptions, hosts: list[Node], out_dir: Path,
                  progress: Callable[[dict[str, Any]], None] | None, monitor: LoadMonitor | None,
-                 transport: TransportChoice | None, caps: list[WorkerCap]) -> None:
+                 transport: TransportChoice | None, caps: list[WorkerCap], settings: list[LinkSetting] | None = None,
+                 switch: Callable[[int], None] | None = None) -> None:
     links = stage_links(backend.state.plan, hosts)
     transport = transport or TransportChoice("tcp", "default")
     master = hosts[0].ip(HOST_IFNAME)
@@ -197,20 +290,33 @@ def _run_workers(backend: Backend, schedules: list[str], options: RunOptions, ho
                 comm_priority=options.comm_priority, timeout_s=max(60.0, options.hang_timeout_s),
                 dump_gradients=options.dump_gradients, transport=transport.name, rdma_slots=options.rdma_slots,
                 rdma_mtu=transport.path_rdma_mtu, rdma_device=transport.devices[rank].name if transport.devices else "",
-                rdma_gid_index=transport.devices[rank].gid_index if transport.devices else -1, watch=watch)
+                rdma_gid_index=transport.devices[rank].gid_index if transport.devices else -1, watch=watch,
+                settings=list(settings or []))
             path = out_dir / f"worker-{rank}.json"
             path.write_text(json.dumps(config.to_json(), indent=1))
             log = out_dir / f"worker-{rank}.log"
+            asks = rank == 0 and switch is not None       # rank 0 asks for each link setting on stdout, hears on stdin
             with open(log, "wb") as logf:
                 proc = backend.popen(host.name, [sys.executable, "-m", "workloads.worker", str(path)],
-                                     stdout=subprocess.PIPE, stderr=logf, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=logf,
+                                     stdin=subprocess.PIPE if asks else subprocess.DEVNULL,
                                      env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1",
                                           "GLOO_SOCKET_IFNAME": HOST_IFNAME},
                                      start_new_session=True)
             backend.state.processes.append(ProcessRecord.of(proc.pid, "worker", host.name))
             running.append((rank, proc, log))
         backend.state.save()
-        _supervise(running, options.hang_timeout_s, progress, monitor.sample if monitor else None)
+
+        def answer(event: dict[str, Any]) -> None:
+            if event.get("event") == "link" and event.get("rank", 0) == 0 and switch is not None:
+                switch(int(event["setting"]))
+                stdin = running[0][1].stdin
+                assert stdin is not None
+                stdin.write(b"ok\n")
+                stdin.flush()
+            elif progress:
+                progress(event)
+        _supervise(running, options.hang_timeout_s, answer, monitor.sample if monitor else None)
     finally:
         with cleanup():
             alive = [p.pid for _, p, _ in running if p.poll() is None]
@@ -339,7 +445,11 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
             log(f"  {event.get('schedule', '')} iteration {event['iteration']}: {event['seconds']:.3f} s"
                 + (" (dilated)" if dilation.on else "") + (f", loss {loss:.3f}" if loss is not None else ""))
 
-    links_now = stage_links(plan, hosts)
+    links_by = {entry: stage_links(plan, hosts) for entry in entries(options.schedules, options.sweep)}
+    if options.sweep is not None:
+        for point in options.sweep.points:
+            for schedule in point.schedules or options.schedules:
+                links_by[f"{point.label}/{schedule}"] = point_links(backend, options.sweep, point, hosts)
     best = None
     for attempt in range(MAX_REPEATS + 1):
         raise_if_pending()
@@ -350,13 +460,13 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         load = monitor.finish()
         timing = _link_timing(plan, holds_before, _hold_counters(shaper),
                               backend.state.shaper.release_error_s if backend.state.shaper else {}, dilation.factor)
-        measured_by = {}
-        for schedule, ranks in ranks_by.items():
-            measured_by[schedule] = metrics.summarize(schedule, ranks, tokens)
-            measured_by[schedule].host_load, measured_by[schedule].link_timing = load, timing
-            measured_by[schedule].breakdown = breakdown(ranks, [lk.delay_s for lk in links_now],
-                                                        [lk.rate_bps for lk in links_now], transport.name != "rdma")
-        load.note_compute_drift(_compute_drift(measured_by.values()))
+        measured_by = {entry: measure(entry.rsplit("/", 1)[-1], ranks, tokens, links_by[entry], transport.name != "rdma")
+                       for entry, ranks in ranks_by.items()}
+        for entry, measured in measured_by.items():
+            measured.link_setting = entry.rsplit("/", 1)[0] if "/" in entry else None
+        for measured in measured_by.values():
+            measured.host_load, measured.link_timing = load, timing
+        load.compute_drift = compute_drift(measured_by.values())
         if best is None or load.lost_fraction < best[2].lost_fraction:
             best = (ranks_by, measured_by, load, where)
         if not load.disturbed:
@@ -365,12 +475,12 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
             + ("; measuring again" if attempt < MAX_REPEATS else "; kept, marked disturbed"))
     traces, measured_by, _, kept = best
     summaries = []
-    for schedule in options.schedules:
-        measured = measured_by[schedule]
+    for entry in entries(options.schedules, options.sweep):
+        measured = measured_by[entry]
         measured.repeated = attempt
-        _keep_attempt(run_dir / schedule, kept / schedule)
+        _keep_attempt(run_dir / entry, kept / entry)
         if not measured.budget_ok:
-            raise RunError(f"{schedule}: in-flight peak {measured.peak_inflight_activation_bytes_per_stage} B over its "
+            raise RunError(f"{entry}: in-flight peak {measured.peak_inflight_activation_bytes_per_stage} B over its "
                            f"budget {measured.budget_bytes_per_stage} B (the workers should have stopped it)")
         summaries.append(measured)
     metrics.pool_references(summaries)
@@ -429,7 +539,16 @@ def _keep_attempt(canonical: Path, kept: Path) -> None:
     kept.rename(canonical)
 
 
-def _compute_drift(summaries: Any) -> float | None:
+def measure(schedule: str, ranks: list[RankTrace], tokens_per_step: int, links: list[StageLink],
+            receiver_driven: bool = True) -> ScheduleSummary:
+    """One schedule's figures from its rank traces (testbed/run/metrics.py) and where its steps went
+    (testbed/run/breakdown.py): what one machine and several both report."""
+    measured = metrics.summarize(schedule, ranks, tokens_per_step)
+    measured.breakdown = breakdown(ranks, [lk.delay_s for lk in links], [lk.rate_bps for lk in links], receiver_driven)
+    return measured
+
+
+def compute_drift(summaries: Any) -> float | None:
     """How much more CPU the compute spans ran than the run's reference, largest over schedules and stages."""
     drifts = [st.compute_cpu_excess_s / st.reference_s for s in summaries if s.breakdown
               for st in s.breakdown.stages if st.reference_s > 0]

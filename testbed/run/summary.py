@@ -10,7 +10,7 @@ from typing import Any
 from testbed.run.breakdown import Breakdown
 from testbed.run.dilation import OFF, Dilation
 from testbed.util import table, units
-from testbed.util.hostload import HostLoad
+from testbed.util.hostload import COMPUTE_DRIFT_BOUND, HostLoad
 from workloads.schedule import GeoPipeSizing
 
 STRETCH_FLAG = 1.05
@@ -92,6 +92,9 @@ class ScheduleSummary:
     """Where the step went per stage and who used the CPU (testbed/run/breakdown.py); None for torch-*."""
     link_timing: list[LinkTiming] = field(default_factory=list)
     """Per delay-line direction that carried packets: the hold it delivered during this run (empty on netem)."""
+    link_setting: str | None = None
+    """In a run that sweeps a link (the experiment's distance sweep), the point this schedule ran at; its
+    traces are in <label>/<schedule>/."""
 
     @property
     def links_on_time(self) -> bool:
@@ -216,7 +219,8 @@ class RunSummary:
             br, ref = s.bubble_ratio, s.bubble_vs_reference
             stretch = max(s.span_stretch_per_stage) if s.span_stretch_per_stage else None
             load = s.host_load
-            rows.append((s.schedule, "-" if ref is None else f"{ref:.3f}", "-" if br is None else f"{br:.3f}",
+            rows.append((f"{s.link_setting}/{s.schedule}" if s.link_setting else s.schedule,
+                         "-" if ref is None else f"{ref:.3f}", "-" if br is None else f"{br:.3f}",
                          "-" if stretch is None else f"{stretch:.2f}" + (" !" if s.stretched else ""),
                          f"{s.step_time_s:.3f}", f"{s.tokens_per_s:.0f}",
                          "-" if s.peak_inflight_activation_bytes is None
@@ -225,10 +229,19 @@ class RunSummary:
                          "-" if load is None else f"{load.steal_fraction:.0%} / "
                          + (f"{load.foreign_fraction:.0%}" if load.foreign_measured else "n/m")
                          + (" !" if load.disturbed else ""),
+                         "-" if load is None or load.compute_drift is None else f"{load.compute_drift:+.0%}"
+                         + (" !" if load.drifted else ""),
+                         "-" if s.breakdown is None or s.breakdown.overhead_s is None
+                         else f"{s.breakdown.overhead_s / s.breakdown.step_s:+.1%}",
+                         "-" if not s.link_timing else ("on time" if s.links_on_time else "LATE ("
+                         + ", ".join(f"{t.mean_error_s * 1e6:+.0f} us" for t in s.link_timing if not t.ok) + ")"),
                          f"{s.loss_first:.3f} -> {s.loss_last:.3f}" if s.loss_first is not None else "-"))
         placement = ", ".join(f"{p.host}" for p in self.stages)
         return table.render(["schedule", "bubble vs ref", "bubble own spans", "stretch", "step s", "tokens/s",
-                             "peak in-flight", "budget", "steal / other", "loss"], rows,
+                             "peak in-flight", "budget", "steal / other", "compute drift", "own cost", "links",
+                             "loss"], rows,
                             f"\n{self.topology}: {len(self.stages)} stages ({placement}), shaper {self.shaper}, "
                             f"{self.transport}; bubble vs ref = 1 - uncontended compute / step time; "
-                            f"! = spans stretched > {STRETCH_FLAG:.2f}x or host disturbed")
+                            f"! = spans stretched > {STRETCH_FLAG:.2f}x, host disturbed, or compute more than "
+                            f"{COMPUTE_DRIFT_BOUND:.0%} slower than the run's reference; own cost = step over the ideal "
+                            "pipeline (summary.json: breakdown)")
