@@ -1,8 +1,11 @@
 """One unwinding path for SIGINT, SIGTERM and SIGHUP (Ctrl-C, `kill`/`timeout`/schedulers, a closed terminal).
 
 Inside `unwinding()`, such a signal becomes an `Interrupted` exception where the program is, so `finally`
-blocks and context managers undo what was made. Inside `cleanup()` (the undoing itself) signals are only
-acknowledged: a second Ctrl-C, or the SIGHUP that follows a SIGTERM, never cuts teardown short. A signal
+blocks and context managers undo what was made. Inside `cleanup()` (the undoing itself, or a step that must
+happen whole, such as changing a link) signals are only acknowledged: a second Ctrl-C, or the SIGHUP that
+follows a SIGTERM, never cuts teardown short; a first signal that arrives inside such a step on the normal
+path is raised as soon as the step is done (it was lost before: a run that changes links often, the
+experiment's distance sweep, went on to the end after a SIGTERM). A signal
 whose exception was swallowed where Python ignores exceptions (an at-fork hook, a finalizer) stays pending
 and `raise_if_pending()`, called at the checkpoints of long operations, raises it again.
 """
@@ -35,13 +38,19 @@ _depth = 0
 _cleaning = 0
 _pending: int | None = None
 """A signal whose exception has not yet been seen leaving an `unwinding()` block."""
+_deferred = False
+"""The first signal arrived inside a `cleanup()` step on the normal path: raise it when the step is done."""
 
 
 def _handler(signum: int, _frame: FrameType | None) -> None:
-    global _pending
+    global _pending, _deferred
     if _cleaning:
+        first = _pending is None
+        if first:
+            _pending, _deferred = signum, True
         with contextlib.suppress(OSError):      # the terminal may be gone (SIGHUP): carry on quietly
-            os.write(2, f"testbed: {signal.Signals(signum).name} while cleaning up: still cleaning up\n".encode())
+            os.write(2, f"testbed: {signal.Signals(signum).name} while cleaning up: "
+                        f"{'stopping once this step is done' if first else 'still cleaning up'}\n".encode())
         return
     _pending = signum
     raise Interrupted(signum)
@@ -56,7 +65,7 @@ def raise_if_pending() -> None:
 @contextlib.contextmanager
 def unwinding() -> Iterator[None]:
     """Within the block, SIGINT/SIGTERM/SIGHUP raise `Interrupted` (nested blocks share that state)."""
-    global _depth, _pending
+    global _depth, _pending, _deferred
     previous = {s: signal.signal(s, _handler) for s in SIGNALS}
     _depth += 1
     try:
@@ -67,14 +76,19 @@ def unwinding() -> Iterator[None]:
             signal.signal(s, handler)
         if _depth == 0:
             _pending = None
+            _deferred = False
 
 
 @contextlib.contextmanager
 def cleanup() -> Iterator[None]:
-    """Undoing what was made: signals are acknowledged but do not interrupt it."""
-    global _cleaning
+    """Undoing what was made (or a step that must happen whole): signals are acknowledged but do not interrupt
+    it; a first one is raised when the outermost such step ends."""
+    global _cleaning, _deferred
     _cleaning += 1
     try:
         yield
     finally:
         _cleaning -= 1
+        if not _cleaning and _deferred and _depth and _pending is not None:
+            _deferred = False
+            raise Interrupted(_pending)
