@@ -37,8 +37,10 @@ def _trace(rank: int, *, runq: float = 0.0, cpu_factor: float = 1.0, wait: float
                                    main_cpu_s=sum(s.cpu_s or 0 for s in spans) + gap * 2 * M,
                                    main_runq_s=sum(s.runq_s or 0 for s in spans),
                                    threads=[ThreadUsage("main", 1, 0.0, 0.0), ThreadUsage("gloo_tcp_loop", 1, 0.01, 0.002)],
-                                   host=HostWindow(wall_s=t - start, cpus=2,
-                                                   states={"idle": 0.05, "iowait": 0.0, "steal": 0.0, "softirq": 0.01},
+                                   host=HostWindow(wall_s=t - start, cpus=3,      # a third core: room for idle
+                                                   states={"idle": 3 * (t - start) - 2 * (sum(s.cpu_s or 0 for s in spans)
+                                                                                         + gap * 2 * M + 0.01) - 0.025,
+                                                           "iowait": 0.0, "steal": 0.0, "softirq": 0.01},
                                                    groups={"delay daemons": 0.02, "runner": 0.001})))
     cfg = WorkerConfig(rank=rank, world=2, master_addr="x", master_port=1, schedules=["1f1b-prefetch"], microbatches=M)
     actions = [str(a) for a in build("1f1b-prefetch", 2, M)[rank]]
@@ -96,6 +98,8 @@ def test_cpu_ledger_accounts_for_the_machine_and_survives_json() -> None:
     assert {"workers: compute (F/B spans)", "workers: gloo_tcp_loop threads", "delay daemons", "runner", "idle"} <= names
     compute = next(c for c in split.cpu if c.name.startswith("workers: compute"))
     assert compute.runq_s == pytest.approx(2 * 2 * M * 0.001)          # both ranks' spans waited
+    whole = sum(c.fraction for c in split.cpu if not c.name.startswith("of which"))
+    assert whole == pytest.approx(1.0, abs=0.02)        # the machine accounted for once, whatever the iterations
     assert Breakdown.from_json(split.to_json()).to_json() == split.to_json()
 
 

@@ -68,6 +68,18 @@ class StageBreakdown:
     skew_s: float
     ideal_tail_s: float | None = None
     """In the ideal pipeline, the time this stage ends before the last one (its share of the step it idles)."""
+    compute_cpu_s: float | None = None
+    """CPU the stage's F/B spans ran per step."""
+    reference_cpu_s: float | None = None
+    """CPU the reference pass ran (the thread's own, whatever shared the core)."""
+
+    @property
+    def compute_drift(self) -> float | None:
+        """The spans' CPU over the reference's CPU, less 1: how much slower the compute ran than alone, in CPU
+        time (the host's speed; preemption and oversubscription are not in it)."""
+        if not self.compute_cpu_s or not self.reference_cpu_s:
+            return None
+        return self.compute_cpu_s / self.reference_cpu_s - 1
 
     @property
     def wait_beyond_ideal_s(self) -> float:
@@ -78,11 +90,11 @@ class StageBreakdown:
         return float(getattr(self, name))
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "wait_beyond_ideal_s": self.wait_beyond_ideal_s}
+        return {**asdict(self), "wait_beyond_ideal_s": self.wait_beyond_ideal_s, "compute_drift": self.compute_drift}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageBreakdown:
-        return cls(**{k: v for k, v in data.items() if k != "wait_beyond_ideal_s"})
+        return cls(**{k: v for k, v in data.items() if k not in ("wait_beyond_ideal_s", "compute_drift")})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -173,7 +185,8 @@ def _stage(rank: RankTrace, its: list[IterationRecord], steps: list[float]) -> S
         stage=rank.rank, step_s=mean(steps), reference_s=reference, compute_cpu_excess_s=cpu - reference,
         compute_preempted_s=runq, compute_blocked_s=wall - cpu - runq, wait_s=wait, ideal_wait_s=None,
         executor_s=own - wall - wait, executor_cpu_s=mean([it.main_cpu_s or 0.0 for it in its]) - cpu - wait_cpu,
-        skew_s=mean(steps) - own)
+        skew_s=mean(steps) - own, compute_cpu_s=cpu,
+        reference_cpu_s=statistics.mean(rank.reference_cpu_s) if rank.reference_cpu_s else None)
 
 
 def _ideal(ranks: list[RankTrace], stages: list[StageBreakdown], link_delay_s: list[float],
@@ -243,9 +256,10 @@ def _ledger(ranks: list[RankTrace], steady: list[int]) -> list[CpuShare]:
     states = {k: sum(h.states.get(k, 0.0) for h in hosts if h is not None) / n
               for k in ("idle", "iowait", "steal", "softirq")}
     busy = capacity - states["idle"] - states["iowait"] - states["steal"]
-    add("kernel and other processes (busy, not attributed)", max(0.0, busy - attributed))
-    add("steal (hypervisor)", states["steal"])
-    add("idle", states["idle"] + states["iowait"])
+    # already per iteration: add() divides by n again
+    add("kernel and other processes (busy, not attributed)", n * max(0.0, busy - attributed))
+    add("steal (hypervisor)", n * states["steal"])
+    add("idle", n * (states["idle"] + states["iowait"]))
     result = [CpuShare(name=name, cpu_s=v[0], fraction=v[0] / capacity if capacity else 0.0,
                        runq_s=None if v[1] < 0 else v[1]) for name, v in shares.items()]
     result.append(CpuShare(name="of which softirq (tick-sampled, also in the threads it interrupted)",
