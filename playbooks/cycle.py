@@ -31,8 +31,9 @@ from testbed.remote.inventory import Inventory, Machine
 from testbed.remote.ssh import RemoteError, Session
 from testbed.run import metrics
 from testbed.run.placement import PlacementError, place_stages
-from testbed.run.runner import RunError, RunOptions, compute_drift, measure
+from testbed.run.runner import RunError, RunOptions, compute_drift, link_timing, measure
 from testbed.run.summary import LinkRecord, RunSummary, StageLink, StagePlacement
+from testbed.shaping.delayline import STATS_INTERVAL_S
 from testbed.util import units
 from testbed.util.hostload import STEAL_BOUND, HostLoad
 from testbed.util.interrupts import cleanup, raise_if_pending
@@ -44,6 +45,9 @@ STEPS = ("preflight", "provision", "shape", "verify", "run", "collect", "teardow
 GOODPUT_FRACTION = 0.90
 """Verify across real machines: a direction carries at least this share of its TCP goodput (the one-box check
 asks 0.96; a Python sender on a shared 2-core box and a real network's own losses leave less headroom)."""
+GOODPUT_CEILING = 1.02
+"""...and at most this share: more than the rate allows means the direction is not shaped (the one-box check's
+ceiling too)."""
 THROUGHPUT_S = 3.0
 THROUGHPUT_RUNS = 5
 """At most this many runs per direction; the first that reaches GOODPUT_FRACTION ends them. On the 3-machine lab
@@ -330,10 +334,11 @@ class Cycle:
                 break
         best = max(runs)
         return Check("throughput", f"{src.dc} -> {dst.dc} ({src.name} -> {dst.name})",
-                     f">= {GOODPUT_FRACTION:.0%} of {units.format_rate(expected)} (TCP at MTU {mtu} over "
-                     f"{units.format_rate(rate)})", f"{units.format_rate(best)} ({best / expected:.1%} of expected)"
+                     f"{GOODPUT_FRACTION:.0%}-{GOODPUT_CEILING:.0%} of {units.format_rate(expected)} (TCP at MTU {mtu} "
+                     f"over {units.format_rate(rate)})", f"{units.format_rate(best)} ({best / expected:.1%} of expected)"
                      + (f", best of {len(runs)} runs of {THROUGHPUT_S:g} s (" + ", ".join(f"{r / expected:.0%}" for r in runs)
-                        + ")" if len(runs) > 1 else ""), best >= GOODPUT_FRACTION * expected)
+                        + ")" if len(runs) > 1 else ""),
+                     GOODPUT_FRACTION * expected <= best <= GOODPUT_CEILING * expected)
 
     # -- run and collect ---------------------------------------------------------------------------------
     def run(self, options: RunOptions, run_id: str | None = None) -> tuple[Path, RunSummary]:
@@ -354,9 +359,13 @@ class Cycle:
         start = time.monotonic()
         for schedule in options.schedules:
             self.log(f"  run       {schedule}: {len(chosen)} stages on {', '.join(m.name for m in chosen)}")
-            loads_before = self._loads(chosen)
+            loads_before, holds_before = self._loads(chosen), self._holds(plan)
             ranks = self._run_schedule(schedule, options, chosen, links, run_dir / schedule, run_id)
+            time.sleep(STATS_INTERVAL_S)           # the daemons' statistics cover the run's last packets
             measured = measure(schedule, ranks, tokens, links)
+            measured.link_timing = link_timing(plan, holds_before, self._holds(plan), {})   # no calibration absorbed
+            if measured.breakdown is not None:      # its CPU ledger adds every rank's threads to rank 0's machine:
+                measured.breakdown.cpu = []         # right on one box, wrong across several
             measured.host_load = self._host_load(chosen, loads_before)
             measured.host_load.compute_drift = compute_drift([measured])
             traces[schedule] = ranks
@@ -484,16 +493,29 @@ class Cycle:
 
     def _drops(self) -> dict[tuple[str, str], int]:
         """Per (src DC, dst DC): drops so far on the senders' egress leaves and the receivers' delay line."""
-        totals: dict[tuple[str, str], int] = {}
+        return self._counters()[0]
+
+    def _holds(self, plan: Any) -> dict[str, tuple[int, float]]:
+        """Per direction label: packets the receivers' delay lines released so far and their summed release
+        error (seconds), over every machine of the destination DC (what runner.link_timing takes)."""
+        totals = self._counters()[1]
+        return {d.label: totals[(d.src_dc, d.dst_dc)] for d in plan.directions if (d.src_dc, d.dst_dc) in totals}
+
+    def _counters(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], tuple[int, float]]]:
+        drops: dict[tuple[str, str], int] = {}
+        holds: dict[tuple[str, str], tuple[int, float]] = {}
         for m in self.inventory.machines:
             if m.name not in self.shapes:
                 continue
             counts = self._agent(m, "counters", self.testbed, m.name, root=True)
             for dc, n in counts["egress"].items():
-                totals[(m.dc, dc)] = totals.get((m.dc, dc), 0) + max(0, n)
+                drops[(m.dc, dc)] = drops.get((m.dc, dc), 0) + max(0, n)
             for dc, n in counts["ingress"].items():
-                totals[(dc, m.dc)] = totals.get((dc, m.dc), 0) + max(0, n)
-        return totals
+                drops[(dc, m.dc)] = drops.get((dc, m.dc), 0) + max(0, n)
+            for dc, (released, error_s) in counts.get("holds", {}).items():
+                was = holds.get((dc, m.dc), (0, 0.0))
+                holds[(dc, m.dc)] = (was[0] + int(released), was[1] + float(error_s))
+        return drops, holds
 
     def _summary(self, run_id: str, plan: Any, chosen: list[Machine], links: list[StageLink], summaries: list[Any],
                  options: RunOptions, drops_before: dict[tuple[str, str], int],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from testbed.plan import build_plan
-from testbed.run.runner import _link_timing
+from testbed.run.runner import link_timing
 from testbed.run.summary import LinkTiming
 from testbed.topology import load_topology
 from testbed.util.paths import resolve_topology
@@ -20,15 +20,15 @@ def test_error_is_the_runs_mean_less_what_calibration_absorbed() -> None:
     saw 20 us and subtracted it from the hold, so the link delivered 40 us late: within 150 us (3 % of 5 ms)."""
     before = {AB: (500, 0.010), BA: (100, 0.0)}
     after = {AB: (1500, 0.070), BA: (100, 0.0)}
-    (timing,) = _link_timing(PLAN, before, after, {AB: 20e-6})          # BA carried nothing: not listed
+    (timing,) = link_timing(PLAN, before, after, {AB: 20e-6})          # BA carried nothing: not listed
     assert timing.direction == AB and timing.packets == 1000
     assert timing.mean_error_s == pytest.approx(40e-6) and timing.tolerance_s == pytest.approx(150e-6)
     assert timing.ok
 
 
 def test_a_late_link_is_flagged_and_dilation_is_undone() -> None:
-    late = _link_timing(PLAN, {AB: (0, 0.0)}, {AB: (100, 0.040)}, {})     # 400 us late on average
+    late = link_timing(PLAN, {AB: (0, 0.0)}, {AB: (100, 0.040)}, {})     # 400 us late on average
     assert not late[0].ok
-    dilated = _link_timing(PLAN, {AB: (0, 0.0)}, {AB: (100, 0.0125)}, {}, dilation=1.25)
+    dilated = link_timing(PLAN, {AB: (0, 0.0)}, {AB: (100, 0.0125)}, {}, dilation=1.25)
     assert dilated[0].mean_error_s == pytest.approx(100e-6) and dilated[0].configured_delay_s == pytest.approx(0.005)
     assert LinkTiming.from_json(late[0].to_json()) == late[0] and late[0].to_json()["ok"] is False

@@ -118,6 +118,36 @@ def test_full_cycle_over_ssh_meets_the_single_machine_contract(lab: SshLab, tmp_
     assert sum("present" in line for line in lines[-3:]) == 3
 
 
+def _htb_rates(lab: SshLab) -> dict[str, set[str]]:
+    """Per lab machine, the HTB class rates on its data NIC, read from the kernel in its namespace."""
+    out = {}
+    for h in lab.hosts:
+        text = subprocess.run(["ip", "netns", "exec", h.netns, "tc", "class", "show", "dev", DATA_NIC],
+                              capture_output=True, text=True).stdout
+        out[h.name] = {line.split(" rate ")[1].split()[0] for line in text.splitlines() if " rate " in line}
+    return out
+
+
+def test_shaping_is_in_the_kernel_while_it_runs_and_gone_after(lab: SshLab, tmp_path: Path) -> None:
+    """Shaped: every machine's NIC has HTB classes at the link rate (50 Mbit/s) towards the other DCs, read back
+    from the kernel in the lab's namespaces; verify's goodput stays under its ceiling; after teardown no class
+    is left (so 'nothing left' is checked against something that was there)."""
+    cycle = Cycle(load_inventory(_inventory(lab)), "mh-tc", tmp_path, log=lambda _: None)
+    try:
+        cycle.preflight()
+        cycle.provision()
+        cycle.shape()
+        rates = _htb_rates(lab)
+        assert all("50Mbit" in found for found in rates.values()), rates
+        throughput = [c for c in cycle.verify() if c.kind == "throughput"]
+        assert throughput and all(c.ok for c in throughput), throughput
+    finally:
+        cycle.teardown()
+        cycle.close()
+    assert all(not found for found in _htb_rates(lab).values())
+    _nothing_left(lab, "mh-tc")
+
+
 def test_shaping_twice_measures_the_network_not_the_last_shape(lab: SshLab, tmp_path: Path) -> None:
     """`up` run again replaces this testbed's shaping; the network's own latency is measured unshaped each time."""
     cycle = Cycle(load_inventory(_inventory(lab)), "mh-twice", tmp_path, log=lambda _: None)

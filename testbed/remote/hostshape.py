@@ -245,7 +245,9 @@ def remove(testbed: str, host: str) -> list[str]:
 
 def counters(testbed: str, host: str) -> dict[str, Any]:
     """Drops so far: per destination DC on its egress class's leaf, per source DC in the delay line (sequence
-    gaps: packets the kernel dropped before the daemon saw them). -1: the leaf is gone."""
+    gaps: packets the kernel dropped before the daemon saw them). -1: the leaf is gone. With the delay line,
+    `holds` per source DC: [packets released, sum of their release error in seconds] (the daemon's statistics,
+    at most half a second old), from which a run's link timing is the difference."""
     from pyroute2 import IPRoute
 
     from testbed.shaping import htb
@@ -258,12 +260,15 @@ def counters(testbed: str, host: str) -> dict[str, Any]:
         drops = {q.handle: q.drops for q in htb.read_qdiscs(ipr, installed.nic)}
     egress = {peer.dc: drops.get((FIRST_CLASS + i) << 16, -1) for i, peer in enumerate(shape.egress)}
     ingress: dict[str, int] = {}
+    holds: dict[str, list[float]] = {}
     if installed.mode == "delayline" and installed.files:
         stats_file = Path(installed.files[1])
         queues = json.loads(stats_file.read_text()).get("queues", {}) if stats_file.exists() else {}
         for i, peer in enumerate(shape.ingress):
-            ingress[peer.dc] = int(queues.get(str(i + 1), {}).get("id_gaps", 0))
-    return {"egress": egress, "ingress": ingress}
+            queue = queues.get(str(i + 1), {})
+            ingress[peer.dc] = int(queue.get("id_gaps", 0))
+            holds[peer.dc] = [int(queue.get("released", 0)), float(queue.get("error_us_sum", 0.0)) / 1e6]
+    return {"egress": egress, "ingress": ingress, "holds": holds}
 
 
 def _is_ours(pid: int, config: str) -> bool:

@@ -458,7 +458,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         holds_before = _hold_counters(shaper)
         ranks_by = run_group(backend, options.schedules, options, hosts, where, progress, monitor, transport, dilation)
         load = monitor.finish()
-        timing = _link_timing(plan, holds_before, _hold_counters(shaper),
+        timing = link_timing(plan, holds_before, _hold_counters(shaper),
                               backend.state.shaper.release_error_s if backend.state.shaper else {}, dilation.factor)
         measured_by = {entry: measure(entry.rsplit("/", 1)[-1], ranks, tokens, links_by[entry], transport.name != "rdma")
                        for entry, ranks in ranks_by.items()}
@@ -549,9 +549,10 @@ def measure(schedule: str, ranks: list[RankTrace], tokens_per_step: int, links: 
 
 
 def compute_drift(summaries: Any) -> float | None:
-    """How much more CPU the compute spans ran than the run's reference, largest over schedules and stages."""
-    drifts = [st.compute_cpu_excess_s / st.reference_s for s in summaries if s.breakdown
-              for st in s.breakdown.stages if st.reference_s > 0]
+    """How much more CPU the compute spans ran than the run's reference passes did (CPU against CPU: the
+    host's speed, not the sharing of cores), largest over schedules and stages."""
+    drifts = [st.compute_drift for s in summaries if s.breakdown for st in s.breakdown.stages
+              if st.compute_drift is not None]
     return max(drifts) if drifts else None
 
 
@@ -559,7 +560,7 @@ def _hold_counters(shaper: object) -> dict[str, tuple[int, float]]:
     return shaper.hold_counters() if isinstance(shaper, DelaylineShaper) else {}
 
 
-def _link_timing(plan: Plan, before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]],
+def link_timing(plan: Plan, before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]],
                  calibrated: dict[str, float], dilation: float = 1.0) -> list[LinkTiming]:
     """How far each delay-line direction's delay was off during one run: its releases' mean error over the
     run less their mean error while it was calibrated (which the hold already absorbs), in undilated time
