@@ -186,6 +186,9 @@ class RankTrace:
     reference_compute_s: list[float] = field(default_factory=list)
     """This rank's F+B of one iteration's micro-batches with no communication, each time it was measured
     (before and after the timed iterations); see workloads/reference.py."""
+    reference_cpu_s: list[float] = field(default_factory=list)
+    """The thread's CPU time over each reference pass: what the compute costs in CPU alone, whatever else
+    shared the core (a run with more workers than cores measures its wall-clock reference contended)."""
     budget_bytes: int | None = None
     """The in-flight budget this rank ran under (enforced), None for none."""
     compute_spread: list[float] = field(default_factory=list)
@@ -210,7 +213,8 @@ class RankTrace:
                 "activation_bytes": self.activation_bytes, "transport": self.transport,
                 "reference_compute_s": list(self.reference_compute_s), "budget_bytes": self.budget_bytes,
                 "compute_spread": list(self.compute_spread), "transport_detail": dict(self.transport_detail),
-                "message_cost_s": list(self.message_cost_s), "dilation": self.dilation}
+                "message_cost_s": list(self.message_cost_s), "dilation": self.dilation,
+                "reference_cpu_s": list(self.reference_cpu_s)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankTrace:
@@ -224,4 +228,5 @@ class RankTrace:
                    reference_compute_s=list(data.get("reference_compute_s", [])),
                    budget_bytes=data.get("budget_bytes"), compute_spread=list(data.get("compute_spread", [])),
                    transport_detail=dict(data.get("transport_detail", {})), dilation=float(data.get("dilation", 1.0)),
-                   message_cost_s=list(data.get("message_cost_s", [])))
+                   message_cost_s=list(data.get("message_cost_s", [])),
+                   reference_cpu_s=list(data.get("reference_cpu_s", [])))

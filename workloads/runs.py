@@ -72,6 +72,7 @@ class OursRun:
         self.geo: Any = None
         self.spread: list[float] = []
         self.reference: list[float] = []
+        self.reference_cpu: list[float] = []
         self.iterations: list[IterationRecord] = []
 
     @property
@@ -153,7 +154,8 @@ class OursRun:
                          actions=[str(a) for a in self.schedule[self.cfg.rank]], geopipe_sizing=self.geo,
                          activation_bytes=self.executor.act_bytes, transport=self.transport.name,
                          reference_compute_s=self.reference, budget_bytes=self.executor.budget_bytes,
-                         compute_spread=self.spread, transport_detail=self.detail, message_cost_s=self.message_cost)
+                         compute_spread=self.spread, transport_detail=self.detail, message_cost_s=self.message_cost,
+                         reference_cpu_s=self.reference_cpu)
 
 
 class TorchRun:
@@ -179,6 +181,7 @@ class TorchRun:
         self.schedule = kind(stages[0] if len(stages) == 1 else stages, cfg.microbatches, loss_fn=loss_fn)
         self.data = data_for(cfg)
         self.reference: list[float] = []
+        self.reference_cpu: list[float] = []
         self.iterations: list[IterationRecord] = []
 
     def iteration(self, it: int) -> None:
@@ -201,12 +204,13 @@ class TorchRun:
 
     def trace(self) -> RankTrace:
         return RankTrace(config=self.cfg, schedule=self.name, rank=self.cfg.rank, iterations=self.iterations,
-                         transport=self.transport.name, reference_compute_s=self.reference)
+                         transport=self.transport.name, reference_compute_s=self.reference,
+                         reference_cpu_s=self.reference_cpu)
 
 
-def measure_reference(cfg: WorkerConfig, run: OursRun | TorchRun) -> float:
+def measure_reference(cfg: WorkerConfig, run: OursRun | TorchRun) -> tuple[float, float]:
     """This rank's uncontended compute (workloads/reference.py) through `run`'s chunks, all ranks at once after
-    a barrier."""
+    a barrier: (wall seconds of its F and B, the thread's CPU seconds over the pass)."""
     import torch.distributed as dist
 
     from workloads.model import loss_fn
@@ -215,9 +219,11 @@ def measure_reference(cfg: WorkerConfig, run: OursRun | TorchRun) -> float:
     x, y = data_for(cfg).next()
     dist.barrier()
     total = cfg.world * chunks_per_rank(run.name)
-    return reference_compute_s(run.chunks, [i == 0 for i in run.indices], [i == total - 1 for i in run.indices],
+    cpu = time.thread_time()
+    wall = reference_compute_s(run.chunks, [i == 0 for i in run.indices], [i == total - 1 for i in run.indices],
                                cfg.microbatches, activation_shape(cfg), list(x.chunk(cfg.microbatches)),
                                list(y.chunk(cfg.microbatches)), loss_fn)
+    return wall, time.thread_time() - cpu
 
 
 def refuse_deadlock(schedule: Any, cfg: WorkerConfig, compute_s: list[float], activation_bytes: int) -> None:

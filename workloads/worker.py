@@ -129,12 +129,13 @@ class LinkSwitch:
 
 def _reference(cfg: WorkerConfig, runs: list[OursRun | TorchRun]) -> None:
     """One reference per model layout (runs with the same layout compute the same), given to every run."""
-    by_layout: dict[str, float] = {}
+    by_layout: dict[str, tuple[float, float]] = {}
     for run in runs:
         layout = stage_layout(run.name)
         if layout not in by_layout:
             by_layout[layout] = measure_reference(cfg, run)
-        run.reference.append(by_layout[layout])
+        run.reference.append(by_layout[layout][0])
+        run.reference_cpu.append(by_layout[layout][1])
 
 
 def open_transport(cfg: WorkerConfig, message_bytes: int) -> tuple[Any, dict[str, Any]]:
