@@ -69,15 +69,32 @@ def test_delay_rate_and_zero_loss_per_direction(shaped) -> None:
     rtt = delays[rtt_subject]
     assert rtt.ok and abs(_delay_ms(rtt) - 6.0) < 0.25
     shaper = shaper_for(shaped)
-    for check in check_throughput(shaped, shaper):
-        if not check.ok and f"{DISTURBED_RUNS} run(s) on a disturbed host" in check.measured:
-            pytest.skip(f"the host kept this link from being judged: {check.measured}")   # every extra run stolen
-        assert check.ok, check
-    assert all(c.ok for c in check_drops(shaper))
-    with shaped.netlink("dc-a-rtr") as ipr:
+    with shaped.netlink("dc-a-rtr") as ipr:              # what host noise cannot touch is asserted first
         assert read_class_rate(ipr, "otn0") == 200e6
     with shaped.netlink("dc-b-rtr") as ipr:
         assert read_class_rate(ipr, "otn0") == 100e6
+    throughput = check_throughput(shaped, shaper)
+    assert all(c.ok for c in check_drops(shaper))
+    for check in throughput:
+        if not check.ok and _undisturbed_runs(check.measured) < THROUGHPUT_RUNS:
+            pytest.skip(f"the host left fewer than {THROUGHPUT_RUNS} undisturbed runs: {check.measured}")
+        assert check.ok, check
+
+
+def _undisturbed_runs(measured: str) -> int:
+    """Runs of a throughput check the host did not disturb, from its text ('best of N', 'D of them on a
+    disturbed host')."""
+    runs = int(measured.split("best of ")[1].split(" ")[0]) if "best of " in measured else 1
+    disturbed = int(measured.split(" of them on a disturbed host")[0].rsplit(", ", 1)[1]) \
+        if " of them on a disturbed host" in measured else 0
+    return runs - disturbed
+
+
+def test_undisturbed_runs_are_read_from_the_check() -> None:
+    text = "95 Mbit/s (92.0% of the rate, 93.1% of expected), 0 retransmits, best of 6 (first 90.0% of expected), " \
+           "3 of them on a disturbed host (CPU steal 7.0% > 5%)"
+    assert _undisturbed_runs(text) == 3
+    assert _undisturbed_runs("99 Mbit/s (99.0% of the rate, 100% of expected), 0 retransmits") == 1
 
 
 def test_link_below_its_rate_fails_every_throughput_run(shaped) -> None:
