@@ -155,7 +155,7 @@ def cmd_link(args: argparse.Namespace) -> int:
 
 
 def cmd_vm(args: argparse.Namespace) -> int:
-    from testbed.backends.vm import VmUnavailable, find_setup, run_in_vm
+    from testbed.backends.vm import VmUnavailable, choose_accel, find_setup, run_in_vm
 
     try:
         setup = find_setup()
@@ -165,8 +165,9 @@ def cmd_vm(args: argparse.Namespace) -> int:
         print(f"stock-kernel tier available: {setup.kernel} via {setup.vng}")
         return 0
     command = " ".join(args.command) if args.command else "uname -r"
-    print(f"booting {setup.kernel.name} under QEMU ({'KVM' if args.kvm else 'TCG'}): {command}", flush=True)
-    return run_in_vm(command, Path(args.out).resolve(), kvm=args.kvm, memory=args.memory, cpus=args.cpus,
+    accel = choose_accel(args.kvm, setup)
+    print(f"booting {setup.kernel.name} under QEMU with {accel.name} ({accel.reason}): {command}", flush=True)
+    return run_in_vm(command, Path(args.out).resolve(), kvm=accel.kvm, memory=args.memory, cpus=args.cpus,
                      timeout_s=args.timeout)
 
 
@@ -528,7 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("vm", help="run a command under a stock kernel in QEMU: testbed vm -- CMD...")
     p.add_argument("--check", action="store_true", help="only say whether the tier is available")
-    p.add_argument("--kvm", action="store_true", help="use KVM (hangs on some hosts; TCG is the default)")
+    p.add_argument("--kvm", default="auto", choices=["auto", "on", "off"],
+                   help="auto (default): KVM if a probe guest boots with it here, else TCG (said which and why)")
     p.add_argument("--memory", default="2G")
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--out", default="results/vm", help="writable folder shared with the guest")
