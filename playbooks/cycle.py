@@ -31,17 +31,16 @@ from testbed.remote.inventory import Inventory, Machine
 from testbed.remote.ssh import RemoteError, Session
 from testbed.run import metrics
 from testbed.run.placement import PlacementError, place_stages
-from testbed.run.runner import RunError, RunOptions, compute_drift, link_timing, measure
+from testbed.run.runner import RunError, RunOptions, compute_drift, link_timing, measure, write_run
 from testbed.run.summary import LinkRecord, RunSummary, StageLink, StagePlacement
 from testbed.shaping.delayline import STATS_INTERVAL_S
 from testbed.util import units
-from testbed.util.hostload import STEAL_BOUND, HostLoad
+from testbed.util.hostload import STEAL_BOUND, HostLoad, steal_fraction
 from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT
 from workloads.records import RankTrace, WorkerConfig
 
 T = TypeVar("T")
-STEPS = ("preflight", "provision", "shape", "verify", "run", "collect", "teardown")
 GOODPUT_FRACTION = 0.90
 """Verify across real machines: a direction carries at least this share of its TCP goodput (the one-box check
 asks 0.96; a Python sender on a shared 2-core box and a real network's own losses leave less headroom)."""
@@ -359,14 +358,14 @@ class Cycle:
         start = time.monotonic()
         for schedule in options.schedules:
             self.log(f"  run       {schedule}: {len(chosen)} stages on {', '.join(m.name for m in chosen)}")
-            loads_before, holds_before = self._loads(chosen), self._holds(plan)
+            loads_before, holds_before, began = self._loads(chosen), self._holds(plan), time.monotonic()
             ranks = self._run_schedule(schedule, options, chosen, links, run_dir / schedule, run_id)
             time.sleep(STATS_INTERVAL_S)           # the daemons' statistics cover the run's last packets
             measured = measure(schedule, ranks, tokens, links)
             measured.link_timing = link_timing(plan, holds_before, self._holds(plan), {})   # no calibration absorbed
             if measured.breakdown is not None:      # its CPU ledger adds every rank's threads to rank 0's machine:
                 measured.breakdown.cpu = []         # right on one box, wrong across several
-            measured.host_load = self._host_load(chosen, loads_before)
+            measured.host_load = self._host_load(chosen, loads_before, time.monotonic() - began)
             measured.host_load.compute_drift = compute_drift([measured])
             traces[schedule] = ranks
             summaries.append(measured)
@@ -376,9 +375,7 @@ class Cycle:
         drops_after = self._drops()
         summary = self._summary(run_id, plan, chosen, links, summaries, options, drops_before, drops_after)
         start = time.monotonic()
-        (run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=1))
-        (run_dir / "trace.json").write_text(json.dumps(metrics.chrome_trace(traces)))
-        (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
+        write_run(run_dir, summary, traces, plan, self.log)
         (run_dir / "hosts").mkdir(exist_ok=True)
         for name, facts in self.facts.items():
             (run_dir / "hosts" / f"{name}.json").write_text(json.dumps(asdict(facts), indent=1))
@@ -474,20 +471,18 @@ class Cycle:
     def _loads(self, machines: list[Machine]) -> dict[str, dict[str, Any]]:
         return {m.name: self._agent(m, "load") for m in machines}
 
-    def _host_load(self, machines: list[Machine], before: dict[str, dict[str, Any]]) -> HostLoad:
+    def _host_load(self, machines: list[Machine], before: dict[str, dict[str, Any]], wall_s: float) -> HostLoad:
         """Per machine, steal over the run from /proc/stat (other processes cannot be told from the workers on a
         remote machine: foreign_fraction is not measured there and stays 0). The worst machine's figures."""
         after = self._loads(machines)
         steal, queue, reasons = 0.0, [], []
         for m in machines:
-            a, b = before[m.name]["cpu"], after[m.name]["cpu"]
-            total = sum(b) - sum(a)
-            part = (b[7] - a[7]) / total if total > 0 and len(a) > 7 else 0.0
+            part = steal_fraction(before[m.name]["cpu"], after[m.name]["cpu"])
             steal = max(steal, part)
             queue.append(after[m.name]["procs_running"])
             if part > STEAL_BOUND:
                 reasons.append(f"{m.name}: CPU steal {part:.1%} > {STEAL_BOUND:.0%}")
-        return HostLoad(wall_s=0.0, steal_fraction=steal, foreign_fraction=0.0,
+        return HostLoad(wall_s=wall_s, steal_fraction=steal, foreign_fraction=0.0,
                         run_queue_mean=sum(queue) / len(queue), run_queue_max=max(queue), daemon_cpu_fraction=None,
                         disturbed=bool(reasons), reasons=reasons, foreign_measured=False)
 

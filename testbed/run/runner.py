@@ -506,15 +506,22 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed and not dilation.on, dilation=dilation,
         workers=len(hosts), delay_daemons=daemons, options=asdict(options), schedules=summaries,
         daemon_restarts=_restarts(shaper) - restarts_before)
+    write_run(run_dir, summary, traces, plan, log)
+    return run_dir, summary
+
+
+def write_run(run_dir: Path, summary: RunSummary, traces: dict[str, list[RankTrace]], plan: Plan,
+              log: Callable[[str], None]) -> None:
+    """A run's files (summary.json, trace.json, plan.json) and the warning when a lossless link lost packets;
+    one machine and several (playbooks/cycle.py) alike."""
     (run_dir / "summary.json").write_text(json.dumps(summary.to_json(), indent=1))
     (run_dir / "trace.json").write_text(json.dumps(metrics.chrome_trace(traces)))
     (run_dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
     if not summary.lossless_ok:
-        lost = sum(lk.drops_during_run or 0 for lk in links if lk.lossless)
+        lost = sum(lk.drops_during_run or 0 for lk in summary.links if lk.lossless)
         log(f"WARNING: {lost} packet(s) lost on lossless links during the run"
             + (f" ({summary.daemon_restarts} delay daemon restart(s))" if summary.daemon_restarts else "")
             + ": this run is not lossless (summary.json: lossless_ok false, links[].drops_during_run)")
-    return run_dir, summary
 
 
 def _describe(choice: TransportChoice, traces: dict[str, list[RankTrace]]) -> str:

@@ -74,6 +74,14 @@ def _cpu_times(stat: Path) -> list[int]:
     return [int(x) for x in fields[1:]]
 
 
+def steal_fraction(before: list[int], after: list[int]) -> float:
+    """Of all CPU time between two readings of /proc/stat's `cpu` line, what the hypervisor took (the first
+    eight fields: user nice system idle iowait irq softirq steal; guest time is already in user)."""
+    delta = [b - a for a, b in zip(before, after, strict=False)]
+    total = sum(delta[:8])
+    return delta[7] / total if total > 0 and len(delta) > 7 else 0.0
+
+
 def _procs_running(stat: Path) -> int:
     for line in stat.read_text().splitlines():
         if line.startswith("procs_running"):
@@ -100,7 +108,7 @@ class LoadMonitor:
         wall = time.monotonic() - self.start
         delta = [b - a for a, b in zip(self.start_times, end, strict=False)]
         total = sum(delta[:8]) or 1                  # user nice system idle iowait irq softirq steal
-        steal = delta[7] / total if len(delta) > 7 else 0.0
+        steal = steal_fraction(self.start_times, end)
         daemons, daemon_s = None, 0.0
         if self.daemon_cpu_s and self.daemons_before is not None:
             after = self.daemon_cpu_s()
