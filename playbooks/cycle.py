@@ -31,7 +31,7 @@ from testbed.remote.inventory import Inventory, Machine
 from testbed.remote.ssh import RemoteError, Session
 from testbed.run import metrics
 from testbed.run.placement import PlacementError, place_stages
-from testbed.run.runner import RunError, RunOptions, compute_drift, link_timing, measure, write_run
+from testbed.run.runner import RunError, RunOptions, check_budget, compute_drift, link_timing, measure, write_run
 from testbed.run.summary import LinkRecord, RunSummary, StageLink, StagePlacement
 from testbed.shaping.delayline import STATS_INTERVAL_S
 from testbed.util import units
@@ -367,6 +367,7 @@ class Cycle:
                 measured.breakdown.cpu = []         # right on one box, wrong across several
             measured.host_load = self._host_load(chosen, loads_before, time.monotonic() - began)
             measured.host_load.compute_drift = compute_drift([measured])
+            check_budget(schedule, measured)
             traces[schedule] = ranks
             summaries.append(measured)
         self.step_s["run"] = time.monotonic() - start - self.collect_s    # stopping workers included, fetching not
