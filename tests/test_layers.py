@@ -66,11 +66,22 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def layer_of(module: str) -> int | None:
+PLAYBOOKS = LAYERS.index("cli") - 0.5
+"""playbooks/ (the multi-machine cycle) sits just below the CLI: it may use every testbed layer but the CLI, and
+no testbed layer but the CLI may import it."""
+
+
+def layer_of(module: str) -> float | None:
     parts = module.split(".")
+    if parts[0] == "playbooks":
+        return PLAYBOOKS
     if parts[0] != "testbed" or len(parts) == 1:
         return None
     return LAYERS.index(parts[1])
+
+
+def _layer_name(layer: float) -> str:
+    return "playbooks" if layer == PLAYBOOKS else LAYERS[int(layer)]
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -82,7 +93,7 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
             if module.startswith("workloads") and target.startswith("testbed"):
                 bad.append(f"{module} -> {target} (workloads must not import testbed)")
             elif here is not None and there is not None and there > here:
-                bad.append(f"{module} -> {target} ({LAYERS[here]} may not import {LAYERS[there]})")
+                bad.append(f"{module} -> {target} ({_layer_name(here)} may not import {_layer_name(there)})")
     return sorted(bad)
 
 
@@ -101,8 +112,8 @@ def test_each_subpackage_says_what_it_owns_and_may_import() -> None:
 
 
 def test_no_import_cycles_and_no_upward_imports() -> None:
-    graph = import_graph(REPO, ("testbed", "workloads"))
-    assert len(graph) > 40
+    graph = import_graph(REPO, ("testbed", "workloads", "playbooks"))
+    assert len(graph) > 40 and "playbooks.cycle" in graph
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
     assert upward_imports(graph) == []
 
@@ -133,3 +144,12 @@ def test_the_check_fails_on_an_upward_import(tmp_path: Path) -> None:
     bad = upward_imports(import_graph(root, ("testbed", "workloads")))
     assert bad == ["testbed.shaping.registry -> testbed.check.doctor (shaping may not import check)",
                    "workloads.worker -> testbed.shaping.registry (workloads must not import testbed)"]
+
+
+def test_the_check_keeps_playbooks_between_the_layers_and_the_cli(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"testbed/__init__.py": "", "testbed/run/__init__.py": "", "testbed/cli.py": "X = 1\n",
+                            "testbed/run/runner.py": "from playbooks.cycle import Y\n",
+                            "playbooks/__init__.py": "", "playbooks/cycle.py": "from testbed.cli import X\nY = 1\n"})
+    bad = upward_imports(import_graph(root, ("testbed", "playbooks")))
+    assert bad == ["playbooks.cycle -> testbed.cli (playbooks may not import cli)",
+                   "testbed.run.runner -> playbooks.cycle (run may not import playbooks)"]

@@ -49,14 +49,14 @@ def test_options_that_cannot_fill_the_stages_fail_before_bring_up() -> None:
 
 
 def test_the_kept_attempt_of_a_repeated_run_is_where_plots_and_the_model_read(tmp_path) -> None:
-    from testbed.run.runner import _keep_attempt
+    from testbed.run.runner import keep_attempt
 
     first, second = tmp_path / "geopipe", tmp_path / "geopipe-repeat1"
     for d, text in ((first, "disturbed"), (second, "quiet")):
         d.mkdir()
         (d / "rank-0.json").write_text(text)
-    _keep_attempt(first, second)                          # the repeat was less disturbed: it takes the place
+    keep_attempt(first, second)                          # the repeat was less disturbed: it takes the place
     assert (first / "rank-0.json").read_text() == "quiet"
     assert (tmp_path / "geopipe-set-aside" / "rank-0.json").read_text() == "disturbed"
-    _keep_attempt(first, first)                           # the first was kept: nothing moves
+    keep_attempt(first, first)                           # the first was kept: nothing moves
     assert (first / "rank-0.json").read_text() == "quiet"

@@ -478,7 +478,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     for entry in entries(options.schedules, options.sweep):
         measured = measured_by[entry]
         measured.repeated = attempt
-        _keep_attempt(run_dir / entry, kept / entry)
+        keep_attempt(run_dir / entry, kept / entry)
         check_budget(entry, measured)
         summaries.append(measured)
     metrics.pool_references(summaries)
@@ -544,7 +544,7 @@ def _describe(choice: TransportChoice, traces: dict[str, list[RankTrace]]) -> st
             f"{'/'.join(map(str, sorted(mtus)))})")
 
 
-def _keep_attempt(canonical: Path, kept: Path) -> None:
+def keep_attempt(canonical: Path, kept: Path) -> None:
     """The kept attempt's traces at <schedule>/ (what plots and the model read), the other set aside beside it."""
     if kept == canonical:
         return
