@@ -281,6 +281,13 @@ class Cycle:
 
         self._each("shape", install)
 
+    def attach(self) -> None:
+        """The shaping an earlier `up` installed, for a run without shaping again: every shaped machine is asked
+        for its counters (a machine not shaped for this testbed fails the step, naming it)."""
+        self.shapes = plan_shapes(self.inventory, self.testbed)
+        self._each("run", lambda m: f"shaped ({self._agent(m, 'counters', self.testbed, m.name, root=True)})",
+                   [m for m in self.inventory.machines if m.name in self.shapes])
+
     def _first_per_dc(self) -> dict[str, Machine]:
         firsts: dict[str, Machine] = {}
         for m in self.inventory.machines:
@@ -321,7 +328,8 @@ class Cycle:
         return Check("rtt", f"{a.dc} <-> {b.dc} ({a.name} -> {b.name})", f"{units.format_time(want)} ± "
                      f"{units.format_time(tol)}", f"{units.format_time(got)} median of 10 (network's own "
                      f"{units.format_time(base)} taken off the holds)" + (f", {sample['lost']} lost" if sample["lost"]
-                                                                         else ""), ok)
+                                                                         else ""), ok,
+                     key=dc_pair(a.dc, b.dc), value=got)
 
     def _throughput_check(self, plan: Any, src: Machine, dst: Machine) -> Check:
         _, rate, _ = path_of(plan, src.dc, dst.dc)
@@ -546,14 +554,15 @@ class Cycle:
     def _summary(self, run_id: str, plan: Any, chosen: list[Machine], links: list[StageLink], summaries: list[Any],
                  options: RunOptions, drops_before: dict[tuple[str, str], int],
                  drops_after: dict[tuple[str, str], int]) -> RunSummary:
-        rtt = {c.subject.split(" (")[0]: c for c in self.checks if c.kind == "rtt"}
+        rtt = {c.key: c for c in self.checks if c.kind == "rtt"}
         records = []
         for d in plan.directions:
-            check = rtt.get(f"{d.src_dc} <-> {d.dst_dc}") or rtt.get(f"{d.dst_dc} <-> {d.src_dc}")
+            check = rtt.get(dc_pair(d.src_dc, d.dst_dc))
             key = (d.src_dc, d.dst_dc)
             records.append(LinkRecord(
                 link=d.link, src_dc=d.src_dc, dst_dc=d.dst_dc, configured_delay_s=d.delay_s, configured_rate_bps=d.rate_bps,
-                measured_one_way=None, delay_ok=check.ok if check else None,
+                measured_one_way=f"round trip {check.measured}" if check else None,   # one way: not across machines
+                delay_ok=check.ok if check else None,
                 drops_during_run=drops_after[key] - drops_before.get(key, 0) if key in drops_after else None,
                 lossless=d.lossless))
         boots: dict[str, list[str]] = {}
@@ -595,6 +604,11 @@ class Cycle:
 
         failures = self._each("teardown", clean, stop=False)
         return failures
+
+
+def dc_pair(a: str, b: str) -> str:
+    """The key of a round-trip check between two DCs, whichever way it was measured."""
+    return " <-> ".join(sorted((a, b)))
 
 
 def _read_line(channel: Any, machine: str, timeout_s: float) -> str:

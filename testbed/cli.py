@@ -292,7 +292,6 @@ REMOTE_ACTIONS = {
 
 def cmd_remote(args: argparse.Namespace) -> int:
     from playbooks.cycle import Cycle, CycleError, full_cycle, stage_machines
-    from testbed.remote.hostshape import plan_shapes
     from testbed.remote.inventory import load_inventory
     from testbed.remote.ssh import RemoteError
     from testbed.run.runner import RunError
@@ -320,8 +319,7 @@ def cmd_remote(args: argparse.Namespace) -> int:
                     return 1
             if args.action == "run":
                 stage_machines(inventory, _run_options(args))
-                cycle.shapes = plan_shapes(inventory, name)
-                cycle._each("run", lambda m: f"shaped ({cycle._agent(m, 'counters', name, m.name, root=True)})")
+                cycle.attach()
                 run_dir, summary = cycle.run(_run_options(args))
                 print(summary.render())
                 print(f"\nresults: {run_dir}")

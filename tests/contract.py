@@ -22,6 +22,9 @@ def check_summary(summary: dict[str, Any], schedules: list[str], stages: int, de
     assert summary["transport"] == "gloo-tcp" and summary["kernel"] and summary["lossless_ok"]
     assert [s["schedule"] for s in summary["schedules"]] == schedules
     assert len(summary["stages"]) == stages and len(summary["stage_links"]) == stages - 1
+    for lk in summary["links"]:          # verified before the run: its one-way reading is a number, not only text
+        if lk["delay_ok"] is not None and summary["backend"] != "remote-ssh":
+            assert lk["measured_one_way_s"] == pytest.approx(lk["configured_delay_s"], rel=0.2, abs=0.5e-3), lk
     for s in summary["schedules"]:
         for key in PER_SCHEDULE:
             assert s[key] is not None, key

@@ -148,6 +148,30 @@ def test_shaping_is_in_the_kernel_while_it_runs_and_gone_after(lab: SshLab, tmp_
     _nothing_left(lab, "mh-tc")
 
 
+def test_up_then_run_then_down_from_the_cli(lab: SshLab, tmp_path: Path) -> None:
+    """`testbed remote up`, `run` (on the shaping `up` left, found through the public attach step) and `down`,
+    each a command of its own as a user types them; the run meets the contract and down leaves nothing."""
+    inventory, name = _inventory(lab), "mh-cli"
+
+    def remote(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "testbed", "remote", *args, str(inventory), "--name", name,
+                               "--results", str(tmp_path)], capture_output=True, text=True, timeout=900)
+
+    try:
+        up = remote("up")
+        assert up.returncode == 0, up.stderr[-2000:]
+        run = remote("run", "--schedule", "1f1b,geopipe", "--microbatches", "8", "--iterations", "2", "--layers", "2",
+                     "--width", "64")
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert "shaped (" in run.stdout or "shaped (" in run.stderr
+    finally:
+        down = remote("down")
+    assert down.returncode == 0, down.stderr[-2000:]
+    data = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
+    check_summary(data, ["1f1b", "geopipe"], stages=3)
+    _nothing_left(lab, name)
+
+
 def test_shaping_twice_measures_the_network_not_the_last_shape(lab: SshLab, tmp_path: Path) -> None:
     """`up` run again replaces this testbed's shaping; the network's own latency is measured unshaped each time."""
     cycle = Cycle(load_inventory(_inventory(lab)), "mh-twice", tmp_path, log=lambda _: None)

@@ -17,6 +17,10 @@ class Check:
     expected: str
     measured: str
     ok: bool
+    key: str = ""
+    """What it is about, for code to match on (a direction's label, a DC pair): never parsed from `subject`."""
+    value: float | None = None
+    """The measured figure in SI units (seconds, bits/s) where there is one."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

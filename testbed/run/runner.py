@@ -485,13 +485,13 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     drops_after = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
     links = []
     for d in plan.directions:
-        check = next((c for c in delay_checks if c.kind == "one-way" and c.subject == f"{d.link} {d.label}"), None)
+        check = next((c for c in delay_checks if c.kind == "one-way" and c.key == d.label), None)
         after = drops_after.get((d.link, d.label))
         links.append(LinkRecord(
             link=d.link, src_dc=d.src_dc, dst_dc=d.dst_dc, configured_delay_s=d.delay_s, configured_rate_bps=d.rate_bps,
             measured_one_way=check.measured if check else None, delay_ok=check.ok if check else None,
             drops_during_run=None if after is None else after - drops_before.get((d.link, d.label), 0),
-            lossless=d.lossless))
+            lossless=d.lossless, measured_one_way_s=check.value if check else None))
     summary = RunSummary(
         run_id=run_id, topology=plan.topology, testbed=plan.testbed,
         stages=[StagePlacement(i, h.name, h.dc) for i, h in enumerate(hosts)], stage_links=stage_links(plan, hosts),

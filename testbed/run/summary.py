@@ -153,6 +153,8 @@ class LinkRecord:
     delay_ok: bool | None
     drops_during_run: int | None
     lossless: bool
+    measured_one_way_s: float | None = None
+    """The one-way delay verify measured before the run (None where it was not measured per direction)."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "from": self.src_dc, "to": self.dst_dc}
