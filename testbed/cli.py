@@ -33,6 +33,7 @@ from testbed.util.interrupts import Interrupted, unwinding
 from testbed.util.paths import DEFAULT_TOPOLOGY, resolve_topology
 
 if TYPE_CHECKING:
+    from playbooks.cycle import Cycle
     from testbed.run.runner import RunOptions
 
 
@@ -290,8 +291,36 @@ REMOTE_ACTIONS = {
 }
 
 
+REMOTE_STEPS = {
+    "preflight": ("preflight", "provision"),
+    "up": ("preflight", "provision", "shape", "verify"),
+    "verify": ("preflight", "provision", "verify"),
+    "run": ("preflight", "provision", "attach", "run"),
+    "down": ("preflight", "provision", "teardown"),
+}
+"""The cycle's steps each `testbed remote` action runs, in order (`cycle` runs playbooks.cycle.full_cycle)."""
+
+
+def _remote_step(cycle: Cycle, step: str, args: argparse.Namespace) -> int:
+    """One step of a `testbed remote` action; non-zero stops the action with that exit code."""
+    if step == "verify":
+        failed = [c for c in cycle.verify() if not c.ok]
+        if failed:
+            print(f"testbed: {len(failed)} check(s) failed", file=sys.stderr)
+        return 1 if failed else 0
+    if step == "run":
+        run_dir, summary = cycle.run(_run_options(args))
+        print(summary.render())
+        print(f"\nresults: {run_dir}")
+        return 0
+    if step == "teardown":
+        return 1 if cycle.teardown() else 0
+    getattr(cycle, step)()                   # preflight, provision, shape, attach
+    return 0
+
+
 def cmd_remote(args: argparse.Namespace) -> int:
-    from playbooks.cycle import Cycle, CycleError, full_cycle, stage_machines
+    from playbooks.cycle import Cycle, CycleError, full_cycle
     from testbed.remote.inventory import load_inventory
     from testbed.remote.ssh import RemoteError
     from testbed.run.runner import RunError
@@ -308,24 +337,10 @@ def cmd_remote(args: argparse.Namespace) -> int:
             return 0
         cycle = Cycle(inventory, name, Path(args.results))
         try:
-            cycle.preflight()
-            cycle.provision()
-            if args.action == "up":
-                cycle.shape()
-            if args.action in ("up", "verify"):
-                failed = [c for c in cycle.verify() if not c.ok]
-                if failed:
-                    print(f"testbed: {len(failed)} check(s) failed", file=sys.stderr)
-                    return 1
-            if args.action == "run":
-                stage_machines(inventory, _run_options(args))
-                cycle.attach()
-                run_dir, summary = cycle.run(_run_options(args))
-                print(summary.render())
-                print(f"\nresults: {run_dir}")
-            if args.action == "down":
-                failures = cycle.teardown()
-                return 1 if failures else 0
+            for step in REMOTE_STEPS[args.action]:
+                code = _remote_step(cycle, step, args)
+                if code:
+                    return code
         finally:
             cycle.close()
     except (CycleError, RemoteError, RunError) as exc:

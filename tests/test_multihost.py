@@ -24,6 +24,7 @@ from playbooks.cycle import Cycle, CycleError, full_cycle  # noqa: E402
 from testbed.plan.builder import build_plan  # noqa: E402
 from testbed.remote.hostshape import STATE_DIR  # noqa: E402
 from testbed.remote.inventory import load_inventory  # noqa: E402
+from testbed.remote.verify import rtt_check  # noqa: E402
 from testbed.run.runner import RunError, RunOptions  # noqa: E402
 
 pytestmark = [pytest.mark.multihost, pytest.mark.root]
@@ -160,8 +161,8 @@ def test_up_then_run_then_down_from_the_cli(lab: SshLab, tmp_path: Path) -> None
     try:
         up = remote("up")
         assert up.returncode == 0, up.stderr[-2000:]
-        run = remote("run", "--schedule", "1f1b,geopipe", "--microbatches", "8", "--iterations", "2", "--layers", "2",
-                     "--width", "64")
+        run = remote("run", "--schedule", "1f1b,geopipe", "--microbatches", "8", "--iterations", "2", "--layers", "3",
+                     "--width", "64", "--memory-budget", "1f1b+2")
         assert run.returncode == 0, run.stderr[-2000:]
         assert "shaped (" in run.stdout or "shaped (" in run.stderr
     finally:
@@ -182,7 +183,7 @@ def test_shaping_twice_measures_the_network_not_the_last_shape(lab: SshLab, tmp_
         cycle.shape()
         assert all(0 <= s < 1e-3 for shape in cycle.shapes.values() for s in shape.subtract_s.values()), cycle.shapes
         a, b = cycle.inventory.machines[:2]
-        check = cycle._rtt_check(build_plan(cycle.inventory.topology, "mh-twice"), a, b)
+        check = rtt_check(cycle, build_plan(cycle.inventory.topology, "mh-twice"), cycle.shapes, a, b)
         assert check.ok, check
     finally:
         cycle.teardown()

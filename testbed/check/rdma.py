@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 
 from testbed.backends.base import Backend
 from testbed.backends.vm import in_vm
 from testbed.check.checks import Check
 from testbed.plan.model import LinkDirection, Node
+from testbed.rdma.probe import ProbeResult
 from testbed.rdma.softroce import ROCE_OVERHEAD, rdma_mtu_for
 from testbed.util import units
 from testbed.util.paths import REPO_ROOT
@@ -40,17 +40,6 @@ RTT_SLACK_S = 0.002
 TCG_EXTRA_SLACK_S = 0.010
 MIN_GOODPUT, MAX_GOODPUT = 0.80, 1.02
 TCG_MIN_GOODPUT = 0.50
-
-
-@dataclass(frozen=True, slots=True)
-class RdmaProbeRun:
-    one_way_s: float
-    """Median of the ping-pongs' half round trips."""
-    one_way_min_s: float
-    """Half the shortest round trip."""
-    goodput_bps: float
-    qps: int
-    rdma_mtu: int
 
 
 def check_rdma(backend: Backend, count: int = 16, timeout_s: float = 120.0) -> list[Check]:
@@ -104,7 +93,7 @@ def judge_rtt(subject: str, configured_s: float, shortest_s: float, own_s: float
 
 
 def probe(backend: Backend, src: Node, dst: Node, rtt_s: float, d: LinkDirection, *, count: int = 16,
-          size: int = BULK_BYTES, pings: int = PINGS, timeout_s: float = 120.0) -> RdmaProbeRun:
+          size: int = BULK_BYTES, pings: int = PINGS, timeout_s: float = 120.0) -> ProbeResult:
     """The probe client on `src` against a server on `dst` (the same host: its own round trip); bulk goes
     src -> dst."""
     record = backend.state.rdma
@@ -135,9 +124,7 @@ def probe(backend: Backend, src: Node, dst: Node, rtt_s: float, d: LinkDirection
         if server.poll() is None:
             server.kill()
             server.wait()
-    return RdmaProbeRun(one_way_s=float(result["one_way_s"]), one_way_min_s=float(result["one_way_min_s"]),
-                        goodput_bps=float(result["goodput_bps"]),
-                        qps=int(result["qps"]), rdma_mtu=int(result["rdma_mtu"]))
+    return ProbeResult.from_json(result)
 
 
 def _first_host(hosts: tuple[Node, ...], dc: str) -> Node | None:

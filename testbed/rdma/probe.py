@@ -46,6 +46,11 @@ class ProbeResult:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProbeResult:
+        """The client's last stdout line read back (RDMA verify)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
 
 def _params(args: argparse.Namespace) -> LinkParams:
     return LinkParams.for_path(args.rtt, args.rate, args.mtu, max(args.size, args.ping_size), slots=args.slots)

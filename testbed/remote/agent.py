@@ -27,10 +27,23 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+from testbed.remote.replies import (
+    CountersReply,
+    EnvReply,
+    KillReply,
+    ListeningReply,
+    LoadReply,
+    PortReply,
+    RemovedReply,
+    RttReply,
+    ShapeReply,
+    SinkReply,
+    SourceReply,
+)
 
 
-def _env() -> dict[str, Any]:
+def _env() -> EnvReply:
     from testbed.backends.capabilities import kernel_shaper
 
     try:
@@ -38,33 +51,33 @@ def _env() -> dict[str, Any]:
         torch_version: str | None = torch.__version__
     except ImportError:
         torch_version = None
-    return {"hostname": socket.gethostname(), "kernel": platform.release(), "python": sys.version.split()[0],
-            "executable": sys.executable, "torch": torch_version, "cpus": os.cpu_count(),
-            "shaper": kernel_shaper(), "rxe": Path("/sys/module/rdma_rxe").exists(), "uid": os.getuid(),
-            "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
-            "package": str(Path(__file__).resolve().parent.parent.parent), "time": time.time()}
+    return EnvReply(hostname=socket.gethostname(), kernel=platform.release(), python=sys.version.split()[0],
+                    executable=sys.executable, torch=torch_version, cpus=os.cpu_count(), shaper=kernel_shaper(),
+                    rxe=Path("/sys/module/rdma_rxe").exists(), uid=os.getuid(),
+                    boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+                    package=str(Path(__file__).resolve().parent.parent.parent), time=time.time())
 
 
-def _freeport(address: str) -> dict[str, Any]:
+def _freeport(address: str) -> PortReply:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
-        return {"port": sock.getsockname()[1]}
+        return PortReply(port=sock.getsockname()[1])
 
 
-def _load() -> dict[str, Any]:
+def _load() -> LoadReply:
     lines = Path("/proc/stat").read_text().splitlines()
     cpu = [int(x) for x in lines[0].split()[1:]]
     running = next((int(line.split()[1]) for line in lines if line.startswith("procs_running")), 0)
-    return {"cpu": cpu, "procs_running": running, "cpus": os.cpu_count()}
+    return LoadReply(cpu=cpu, procs_running=running, cpus=os.cpu_count())
 
 
-def _counters(testbed: str, host: str) -> dict[str, Any]:
+def _counters(testbed: str, host: str) -> CountersReply:
     from testbed.remote.hostshape import counters
 
     return counters(testbed, host)
 
 
-def _shape(spec: str, mode: str) -> dict[str, Any]:
+def _shape(spec: str, mode: str) -> ShapeReply:
     from testbed.remote.hostshape import HostShape, apply
 
     shape = HostShape.from_json(json.loads(Path(spec).read_text()))
@@ -74,24 +87,24 @@ def _shape(spec: str, mode: str) -> dict[str, Any]:
     if mode not in ("netem", "delayline"):
         raise RuntimeError(f"this kernel can emulate no delay (shaper {mode!r}): it needs sch_netem or NFQUEUE + HTB")
     installed = apply(shape, mode)
-    return {"mode": installed.mode, "classes": installed.classes, "rules": len(installed.rules),
-            "daemon_pid": installed.daemon_pid}
+    return ShapeReply(mode=installed.mode, classes=installed.classes, rules=len(installed.rules),
+                      daemon_pid=installed.daemon_pid)
 
 
-def _rtt(address: str, count: int) -> dict[str, Any]:
+def _rtt(address: str, count: int) -> RttReply:
     from testbed.probe.latency import round_trip
 
     sample = round_trip("/proc/self/ns/net", address, count=count, timeout_s=2.0)
-    return {"values_s": list(sample.values_s), "lost": sample.lost}
+    return RttReply(values_s=list(sample.values_s), lost=sample.lost)
 
 
-def _sink(address: str, port: int) -> dict[str, Any]:
+def _sink(address: str, port: int) -> SinkReply:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         server.bind((address, port))
         server.listen(1)
         server.settimeout(30)
-        print(json.dumps({"listening": port}), flush=True)
+        print(json.dumps(ListeningReply(listening=port).to_json()), flush=True)
         conn, _ = server.accept()
         with conn:
             total, first, last = 0, None, None
@@ -106,17 +119,17 @@ def _sink(address: str, port: int) -> dict[str, Any]:
                 else:
                     total += n          # bytes after the first read: the first read's arrival starts the clock
     seconds = (last - first) if first and last and last > first else 0.0
-    return {"bytes": total, "seconds": seconds, "bps": 8 * total / seconds if seconds else 0.0}
+    return SinkReply(bytes=total, seconds=seconds, bps=8 * total / seconds if seconds else 0.0)
 
 
-def _source(address: str, port: int, seconds: float) -> dict[str, Any]:
+def _source(address: str, port: int, seconds: float) -> SourceReply:
     payload = b"\0" * (1 << 16)
     sent = 0
     with socket.create_connection((address, port), timeout=10) as conn:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             sent += conn.send(payload)
-    return {"bytes": sent}
+    return SourceReply(bytes=sent)
 
 
 def _worker(config: str, log: str, pidfile: str) -> None:
@@ -126,19 +139,19 @@ def _worker(config: str, log: str, pidfile: str) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "workloads.worker", config])
 
 
-def _kill(pidfile: str) -> dict[str, Any]:
+def _kill(pidfile: str) -> KillReply:
     path = Path(pidfile)
     if not path.exists():
-        return {"stopped": None}
+        return KillReply(stopped=None)
     pid = int(path.read_text())
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         path.unlink(missing_ok=True)
-        return {"stopped": None}
+        return KillReply(stopped=None)
     if b"workloads.worker" not in cmdline:                  # a recycled pid: not ours
         path.unlink(missing_ok=True)
-        return {"stopped": None}
+        return KillReply(stopped=None)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
@@ -146,7 +159,7 @@ def _kill(pidfile: str) -> dict[str, Any]:
     if Path(f"/proc/{pid}").exists():
         os.kill(pid, signal.SIGKILL)
     path.unlink(missing_ok=True)
-    return {"stopped": pid}
+    return KillReply(stopped=pid)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         result = {
             "env": lambda: _env(),
             "shape": lambda: _shape(args.spec, args.mode),
-            "unshape": lambda: {"removed": hostshape.remove(args.testbed, args.host)},
+            "unshape": lambda: RemovedReply(removed=hostshape.remove(args.testbed, args.host)),
             "rtt": lambda: _rtt(args.address, args.count),
             "sink": lambda: _sink(args.address, args.port),
             "source": lambda: _source(args.address, args.port, args.seconds),
@@ -201,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:   # noqa: BLE001 - one line for the controller, which names the host
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(result), flush=True)
+    print(json.dumps(result.to_json()), flush=True)
     return 0
 
 

@@ -28,6 +28,8 @@ from typing import Any
 from testbed.plan.builder import build_plan, delay_queue_packets
 from testbed.plan.model import Plan
 from testbed.remote.inventory import Inventory
+from testbed.remote.replies import CountersReply
+from testbed.shaping.delayline import DaemonStats, QueueStats
 from testbed.shaping.htb import BURST_BYTES, QUANTUM_BYTES, ROOT_HANDLE
 
 STATE_DIR = Path("/run/testbed-remote")
@@ -243,7 +245,7 @@ def remove(testbed: str, host: str) -> list[str]:
     return removed
 
 
-def counters(testbed: str, host: str) -> dict[str, Any]:
+def counters(testbed: str, host: str) -> CountersReply:
     """Drops so far: per destination DC on its egress class's leaf, per source DC in the delay line (sequence
     gaps: packets the kernel dropped before the daemon saw them). -1: the leaf is gone. With the delay line,
     `holds` per source DC: [packets released, sum of their release error in seconds] (the daemon's statistics,
@@ -259,16 +261,15 @@ def counters(testbed: str, host: str) -> dict[str, Any]:
     with IPRoute() as ipr:
         drops = {q.handle: q.drops for q in htb.read_qdiscs(ipr, installed.nic)}
     egress = {peer.dc: drops.get((FIRST_CLASS + i) << 16, -1) for i, peer in enumerate(shape.egress)}
-    ingress: dict[str, int] = {}
-    holds: dict[str, list[float]] = {}
+    reply = CountersReply(egress=egress)
     if installed.mode == "delayline" and installed.files:
         stats_file = Path(installed.files[1])
-        queues = json.loads(stats_file.read_text()).get("queues", {}) if stats_file.exists() else {}
+        stats = DaemonStats.from_json(json.loads(stats_file.read_text())) if stats_file.exists() else None
         for i, peer in enumerate(shape.ingress):
-            queue = queues.get(str(i + 1), {})
-            ingress[peer.dc] = int(queue.get("id_gaps", 0))
-            holds[peer.dc] = [int(queue.get("released", 0)), float(queue.get("error_us_sum", 0.0)) / 1e6]
-    return {"egress": egress, "ingress": ingress, "holds": holds}
+            queue = (stats.queues.get(i + 1) if stats else None) or QueueStats()
+            reply.ingress[peer.dc] = queue.id_gaps
+            reply.holds[peer.dc] = [queue.released, queue.error_us_sum / 1e6]
+    return reply
 
 
 def _is_ours(pid: int, config: str) -> bool:

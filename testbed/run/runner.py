@@ -574,7 +574,7 @@ def _hold_counters(shaper: object) -> dict[str, tuple[int, float]]:
 
 
 def link_timing(plan: Plan, before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]],
-                 calibrated: dict[str, float], dilation: float = 1.0) -> list[LinkTiming]:
+                 calibrated: dict[str, float], dilation: float = 1.0, floor_s: float = 0.1e-3) -> list[LinkTiming]:
     """How far each delay-line direction's delay was off during one run: its releases' mean error over the
     run less their mean error while it was calibrated (which the hold already absorbs), in undilated time
     (`plan`: the undilated directions)."""
@@ -587,7 +587,7 @@ def link_timing(plan: Plan, before: dict[str, tuple[int, float]], after: dict[st
             continue
         error = ((after[d.label][1] - before.get(d.label, (0, 0.0))[1]) / packets - calibrated.get(d.label, 0.0)) / dilation
         out.append(LinkTiming(direction=d.label, configured_delay_s=d.delay_s, packets=packets, mean_error_s=error,
-                              tolerance_s=delay_tolerance(d.delay_s, 0.1e-3)))
+                              tolerance_s=delay_tolerance(d.delay_s, floor_s)))
     return out
 
 

@@ -1,0 +1,66 @@
+"""Shaping several machines: each pair's unshaped round trip measured first (taken off the holds), then every
+machine's HostShape installed by its agent; or the shaping an earlier `up` left, attached to."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from testbed.remote.fleet import Fleet
+from testbed.remote.hostshape import HostShape, plan_shapes
+from testbed.remote.inventory import Machine
+from testbed.remote.replies import CountersReply, RemovedReply, RttReply, ShapeReply
+from testbed.remote.ssh import RemoteError
+from testbed.util import units
+
+
+def shape_machines(fleet: Fleet) -> dict[str, HostShape]:
+    """Remove this testbed's earlier shaping, measure the network's own one-way latency per DC pair, install."""
+    planned = plan_shapes(fleet.inventory, fleet.testbed)
+    firsts = fleet.first_per_dc()
+    shapes: dict[str, HostShape] = {}
+
+    def unshape(m: Machine) -> str:       # shaped again (`up` twice): measure the network, not the last shape
+        removed = fleet.agent(m, RemovedReply, "unshape", fleet.testbed, m.name, root=True).removed
+        return f"removed this testbed's earlier shaping ({len(removed)} item(s))" if removed else "not shaped yet"
+
+    def base(m: Machine) -> str:
+        subtract = {}
+        for dc, peer in firsts.items():
+            if dc != m.dc:
+                sample = fleet.agent(m, RttReply, "rtt", peer.data_address, "--count", "10", root=True).sample()
+                if sample.lost or not sample.values_s:
+                    raise RemoteError(m.name, f"no answer from {peer.name} ({peer.data_address}) over {m.nic}: "
+                                      "the data network does not connect them (inventory keys nic, data_address)")
+                subtract[dc] = sample.median_s / 2
+        shape = planned[m.name]
+        shapes[m.name] = HostShape(shape.testbed, shape.host, shape.nic, shape.egress, shape.ingress, subtract)
+        return "unshaped one-way " + ", ".join(f"{dc} {units.format_time(s)}" for dc, s in subtract.items())
+
+    def install(m: Machine) -> str:
+        spec = Path(tempfile.mkdtemp()) / f"{m.name}.shape.json"
+        spec.write_text(json.dumps(shapes[m.name].to_json()))
+        remote = f"{fleet.workdir(m)}/{fleet.testbed}.{m.name}.shape.json"
+        fleet.sessions[m.name].put(spec, remote)
+        shutil.rmtree(spec.parent)
+        installed = fleet.agent(m, ShapeReply, "shape", remote, root=True)
+        fleet.facts[m.name].shaper = installed.mode
+        peers = ", ".join(f"{p.dc} {units.format_time(p.delay_s)} {units.format_rate(p.rate_bps)}"
+                          for p in shapes[m.name].egress)
+        return f"{installed.mode} on {m.nic}: towards {peers}"
+
+    fleet.each("shape", unshape)
+    fleet.each("shape", base)
+    fleet.each("shape", install)
+    return shapes
+
+
+def attach(fleet: Fleet) -> dict[str, HostShape]:
+    """The shaping an earlier `up` installed, for a run without shaping again: every shaped machine is asked
+    for its counters (a machine not shaped for this testbed fails the step, naming it)."""
+    shapes = plan_shapes(fleet.inventory, fleet.testbed)
+    fleet.each("run", lambda m: f"shaped ({fleet.agent(m, CountersReply, 'counters', fleet.testbed, m.name, root=True)})",
+               [m for m in fleet.inventory.machines if m.name in shapes])
+    return shapes
