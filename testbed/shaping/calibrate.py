@@ -9,6 +9,7 @@ zero). The report names the figure subtracted.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 from testbed.backends.base import Backend
 from testbed.plan.model import LinkDirection
@@ -45,14 +46,19 @@ def confirmed_excess(backend: Backend, direction: LinkDirection, first_s: float,
     A calibration taken while the machine stalls (QEMU TCG on a busy CI host) reads high in every probe, and
     the delivered delay is then short by as much for as long as the link is up (CI, 2026-12-04: 23.96 ms for
     25 ms, the first calibration +1.04 ms over the excess the path really had). Two readings that agree
-    within `agree_s` stand (the first is kept); otherwise a third at the same hold decides: the median of the
-    three, so one disturbed reading out of three moves nothing."""
+    within `agree_s` stand (the first is kept); otherwise `outvoted` decides."""
     hold = max(0.0, direction.delay_s - first_s)
     second = excess_one_way(backend, direction, hold)
     if abs(second - first_s) <= agree_s:
         return first_s
-    third = excess_one_way(backend, direction, hold)
-    return statistics.median((first_s, second, third))
+    return outvoted(first_s, second, lambda: excess_one_way(backend, direction, hold))
+
+
+def outvoted(first_s: float, second_s: float, third: Callable[[], float]) -> float:
+    """Two readings of one excess that disagree: a third at the same hold as the second decides, the median of
+    the three, so one disturbed reading out of three moves nothing (a steady offset that both later readings
+    show is kept)."""
+    return statistics.median((first_s, second_s, third()))
 
 
 def base_one_way(backend: Backend, installed_hold_s: float = 0.0) -> dict[str, float]:
