@@ -3,11 +3,13 @@ machine), drops on the egress leaves and the delay lines, and the delay lines' h
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from testbed.remote.fleet import Fleet
 from testbed.remote.inventory import Machine
-from testbed.remote.replies import CountersReply, LoadReply
+from testbed.remote.replies import CountersReply, LoadReply, RttReply
+from testbed.shaping.delayline import STATS_INTERVAL_S
 from testbed.util.hostload import STEAL_BOUND, HostLoad, steal_fraction
 
 Pair = tuple[str, str]
@@ -55,3 +57,28 @@ def counters(fleet: Fleet, shaped: set[str]) -> tuple[dict[Pair, int], dict[Pair
 def holds_by_label(plan: Any, holds: dict[Pair, tuple[int, float]]) -> dict[str, tuple[int, float]]:
     """The hold counters per direction label (what runner.link_timing takes)."""
     return {d.label: holds[(d.src_dc, d.dst_dc)] for d in plan.directions if (d.src_dc, d.dst_dc) in holds}
+
+
+BASELINE_PINGS = 20
+"""Pings per DC pair whose releases give each direction's baseline release error (both ways: the echo and its
+reply are each held once)."""
+
+
+def baseline_lateness(fleet: Fleet, plan: Any, shaped: set[str]) -> dict[str, float]:
+    """Per direction label, the delay lines' mean release error over a round of pings between each DC pair's
+    first machines, with nothing else running: what one machine absorbs into its holds while calibrating and
+    several machines' runs are judged against (a run's link timing is its own lateness beyond this)."""
+    time.sleep(STATS_INTERVAL_S)                  # the daemons' statistics cover whatever ran before
+    before = holds_by_label(plan, counters(fleet, shaped)[1])
+    firsts = list(fleet.first_per_dc().values())
+    for i, a in enumerate(firsts):
+        for b in firsts[i + 1:]:
+            fleet.agent(a, RttReply, "rtt", b.data_address, "--count", str(BASELINE_PINGS), root=True)
+    time.sleep(STATS_INTERVAL_S)
+    after = holds_by_label(plan, counters(fleet, shaped)[1])
+    out = {}
+    for label, (released, error_s) in after.items():
+        was = before.get(label, (0, 0.0))
+        if released > was[0]:
+            out[label] = (error_s - was[1]) / (released - was[0])
+    return out

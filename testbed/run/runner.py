@@ -29,6 +29,7 @@ from testbed.deploy.linkset import set_link
 from testbed.plan.builder import HOST_IFNAME, reshape
 from testbed.plan.model import LinkDirection, Node, Plan
 from testbed.run import metrics
+from testbed.run.attempts import Attempt, attempt_folder, best_attempt
 from testbed.run.breakdown import breakdown
 from testbed.run.dilation import (
     DEFAULT_DILATION,
@@ -61,10 +62,6 @@ from workloads.schedule import SCHEDULES
 
 ALL_SCHEDULES = (*SCHEDULES, *TORCH_SCHEDULES)
 """Ours (schedules as data) and PyTorch's own, run on the same model and timed the same way."""
-MAX_REPEATS = 1
-"""A run on a disturbed host (testbed.util.hostload) is measured again at most this many times."""
-
-
 class RunError(RuntimeError):
     """The run failed; the message names the worker and quotes its log."""
 
@@ -450,35 +447,29 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         for point in options.sweep.points:
             for schedule in point.schedules or options.schedules:
                 links_by[f"{point.label}/{schedule}"] = point_links(backend, options.sweep, point, hosts)
-    best = None
-    for attempt in range(MAX_REPEATS + 1):
-        raise_if_pending()
+    def attempt_once(attempt: int) -> Attempt[tuple[dict[str, list[RankTrace]], dict[str, ScheduleSummary]]]:
         monitor = LoadMonitor(daemons_cpu(shaper, tuple(sorted({d.dst_node for d in plan.directions}))))
-        where = run_dir if attempt == 0 else run_dir / f"repeat{attempt}"
+        where = attempt_folder(run_dir, attempt)
         holds_before = _hold_counters(shaper)
         ranks_by = run_group(backend, options.schedules, options, hosts, where, progress, monitor, transport, dilation)
         load = monitor.finish()
         timing = link_timing(plan, holds_before, _hold_counters(shaper),
-                              backend.state.shaper.release_error_s if backend.state.shaper else {}, dilation.factor)
+                             backend.state.shaper.release_error_s if backend.state.shaper else {}, dilation.factor)
         measured_by = {entry: measure(entry.rsplit("/", 1)[-1], ranks, tokens, links_by[entry], transport.name != "rdma")
                        for entry, ranks in ranks_by.items()}
         for entry, measured in measured_by.items():
             measured.link_setting = entry.rsplit("/", 1)[0] if "/" in entry else None
-        for measured in measured_by.values():
             measured.host_load, measured.link_timing = load, timing
         load.compute_drift = compute_drift(measured_by.values())
-        if best is None or load.lost_fraction < best[2].lost_fraction:
-            best = (ranks_by, measured_by, load, where)
-        if not load.disturbed:
-            break
-        log(f"  host disturbed ({'; '.join(load.reasons)})"
-            + ("; measuring again" if attempt < MAX_REPEATS else "; kept, marked disturbed"))
-    traces, measured_by, _, kept = best
+        return Attempt((ranks_by, measured_by), load, timing, where)
+
+    best, repeats = best_attempt(attempt_once, log)
+    traces, measured_by = best.value
     summaries = []
     for entry in entries(options.schedules, options.sweep):
         measured = measured_by[entry]
-        measured.repeated = attempt
-        keep_attempt(run_dir / entry, kept / entry)
+        measured.repeated = repeats
+        keep_attempt(run_dir / entry, best.where / entry)
         check_budget(entry, measured)
         summaries.append(measured)
     metrics.pool_references(summaries)
@@ -587,7 +578,8 @@ def link_timing(plan: Plan, before: dict[str, tuple[int, float]], after: dict[st
             continue
         error = ((after[d.label][1] - before.get(d.label, (0, 0.0))[1]) / packets - calibrated.get(d.label, 0.0)) / dilation
         out.append(LinkTiming(direction=d.label, configured_delay_s=d.delay_s, packets=packets, mean_error_s=error,
-                              tolerance_s=delay_tolerance(d.delay_s, floor_s)))
+                              tolerance_s=delay_tolerance(d.delay_s, floor_s),
+                              baseline_error_s=calibrated.get(d.label, 0.0) / dilation))
     return out
 
 

@@ -30,6 +30,9 @@ class LinkTiming:
     """Mean over the run's packets of release time - due time (positive: the link was slower than asked)."""
     tolerance_s: float
     """max(3 % of the delay, 0.1 ms): verify's one-way tolerance."""
+    baseline_error_s: float = 0.0
+    """The daemon's mean release error outside the run, already taken off `mean_error_s`: one machine's while it
+    calibrated (the hold absorbs it), several machines' over a round of pings just before the run."""
 
     @property
     def ok(self) -> bool:
