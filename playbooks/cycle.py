@@ -44,7 +44,7 @@ from testbed.run.runner import (
 from testbed.run.summary import RunSummary, ScheduleSummary, StageLink
 from testbed.shaping.delayline import STATS_INTERVAL_S
 from testbed.util.interrupts import cleanup
-from workloads.records import RankTrace
+from workloads.records import RDMA, RankTrace
 
 __all__ = ["Cycle", "CycleError", "HostFacts", "full_cycle", "stage_machines"]
 
@@ -156,7 +156,7 @@ class Cycle(Fleet):
 def stage_machines(inventory: Inventory, options: RunOptions) -> list[Machine]:
     """The machines that run stage 0, 1, ... (testbed.run.placement), the model checked against them: before
     anything is set up on any machine."""
-    if options.transport == "rdma":
+    if options.transport == RDMA.key:
         raise RunError("--transport rdma is not carried by 'testbed remote' yet: its workers run over TCP (gloo); "
                        "use --transport tcp or auto, or run RDMA under the stock kernel ('testbed vm')")
     machines = list(inventory.machines)

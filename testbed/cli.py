@@ -24,6 +24,7 @@ from testbed.plan import build_plan
 from testbed.plan.render import render_plan
 from testbed.rdma.support import ROUTES, rxe_in_namespaces
 from testbed.run.dilation import DEFAULT_DILATION as DILATION
+from testbed.run.transport import AUTO, CHOICES
 from testbed.shaping.registry import CHOICES as SHAPER_CHOICES
 from testbed.shaping.registry import ShaperError
 from testbed.state import store as statefile
@@ -31,6 +32,7 @@ from testbed.topology import TopologyError, load_topology
 from testbed.util import units
 from testbed.util.interrupts import Interrupted, unwinding
 from testbed.util.paths import DEFAULT_TOPOLOGY, resolve_topology
+from workloads.records import RDMA, TRANSPORTS
 
 if TYPE_CHECKING:
     from playbooks.cycle import Cycle
@@ -181,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         hosts = lifecycle.hosts_of(args.target)
         options.check_stages(len(place_stages(hosts, options.stages, options.placement)))
         rdma = args.rdma
-        if options.transport == "rdma":
+        if options.transport == RDMA.key:
             rxe_support = rxe_in_namespaces()
             if not rxe_support.ok:
                 raise RunError(f"--transport rdma cannot run: {rxe_support.reason}. Routes: {ROUTES}")
@@ -350,10 +352,10 @@ def cmd_remote(args: argparse.Namespace) -> int:
 
 def _transports(text: str) -> list[str]:
     chosen = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in chosen if t not in ("tcp", "rdma")]
+    bad = [t for t in chosen if t not in TRANSPORTS]
     if bad or not chosen:
         raise BackendError(f"--transports: unknown {bad[0] if bad else '(none)'!r}; give tcp, rdma or tcp,rdma")
-    if "rdma" in chosen:
+    if RDMA.key in chosen:
         rxe_in_namespaces().require()
     return chosen
 
@@ -381,7 +383,7 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1234, help="model initialisation and data order")
     p.add_argument("--dump-gradients", action="store_true",
                    help="each rank writes its last iteration's gradients (grads-rank-<r>.pt beside its trace)")
-    p.add_argument("--transport", default="auto", choices=["auto", "tcp", "rdma"],
+    p.add_argument("--transport", default=AUTO, choices=CHOICES,
                    help="between stages: rdma (RC queue pairs over each host's rxe device; fails at once where "
                         "missing), tcp (gloo), auto (rdma where every stage has it, else tcp and why)")
     p.add_argument("--rdma-slots", type=int, default=4,

@@ -33,6 +33,23 @@ class LinkSetting:
                    list(data.get("schedules", [])))
 
 
+@dataclass(frozen=True, slots=True)
+class TransportKind:
+    """One transport between stages: its one spelling (command line, WorkerConfig.transport) and its name in
+    summaries and reports."""
+
+    key: str
+    label: str
+    receiver_driven: bool
+    """A message moves when its receiver asks for it (gloo's recv); RDMA writes into a posted slot instead."""
+
+
+TCP = TransportKind("tcp", "gloo-tcp", receiver_driven=True)
+RDMA = TransportKind("rdma", "rdma-rc", receiver_driven=False)
+TRANSPORTS: dict[str, TransportKind] = {t.key: t for t in (TCP, RDMA)}
+"""Every transport by key: what both one machine and several choose from."""
+
+
 @dataclass(kw_only=True, slots=True)
 class WorkerConfig:
     """One rank's job, written by the runner as worker-<rank>.json."""
@@ -76,7 +93,7 @@ class WorkerConfig:
     """normal, or realtime: the communication threads (gloo's I/O loop) under SCHED_FIFO, so a message that
     arrives is taken off the socket at once instead of after the compute thread's time slice."""
     timeout_s: float = 120.0
-    transport: str = "tcp"
+    transport: str = TCP.key
     """tcp (gloo) or rdma (workloads/rdma over this host's rxe device: `rdma_device`, `rdma_gid_index`)."""
     rdma_device: str = ""
     rdma_gid_index: int = -1

@@ -10,6 +10,8 @@ from typing import Any, Protocol
 
 import torch
 
+from workloads.records import RDMA, TCP
+
 
 class Work(Protocol):
     def wait(self) -> None: ...
@@ -37,7 +39,7 @@ class Transport(ABC):
 class GlooTransport(Transport):
     """torch.distributed with the gloo backend (TCP): receiver-driven sends."""
 
-    name = "gloo-tcp"
+    name = TCP.label
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         import torch.distributed as dist
@@ -59,7 +61,7 @@ class RdmaTransport(Transport):
     """RC queue pairs to the neighbouring ranks (workloads/rdma/endpoint.py); gloo stays for the barrier and
     the rendezvous that exchanges the QPs' connection data."""
 
-    name = "rdma-rc"
+    name = RDMA.label
 
     def __init__(self, device: str, gid_index: int, rank: int, peers: dict[int, Any], timeout_s: float = 120.0) -> None:
         import torch.distributed as dist

@@ -23,7 +23,7 @@ from workloads.commthreads import set_comm_priority, uncap_comm_threads
 from workloads.hostcpu import HostCpu
 from workloads.layouts import TORCH_SCHEDULES, stage_layout
 from workloads.probe import probe_message_cost
-from workloads.records import WorkerConfig
+from workloads.records import RDMA, WorkerConfig
 from workloads.runs import OursRun, TorchRun, activation_shape, log, measure_reference
 
 
@@ -142,7 +142,7 @@ def open_transport(cfg: WorkerConfig, message_bytes: int) -> tuple[Any, dict[str
     """gloo over TCP, or RDMA queue pairs to the neighbouring ranks sized from the path between them."""
     from workloads.transport import GlooTransport, RdmaTransport
 
-    if cfg.transport != "rdma" or not any(s not in TORCH_SCHEDULES for s in cfg.schedules):
+    if cfg.transport != RDMA.key or not any(s not in TORCH_SCHEDULES for s in cfg.schedules):
         return GlooTransport(), {}
     from workloads.rdma.endpoint import LinkParams
 

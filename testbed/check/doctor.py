@@ -16,6 +16,7 @@ from testbed.backends.capabilities import Probe, kernel_probes, shaper_choice
 from testbed.backends.mininet import resolve_switch
 from testbed.rdma.support import NETNS_RXE_KERNEL, ROUTES, kernel_version, rxe_in_namespaces
 from testbed.util import table
+from workloads.records import TCP
 
 
 @dataclass(slots=True)
@@ -111,8 +112,8 @@ def decide(probes: dict[str, Probe]) -> Decision:
                    else "no backend: network namespaces unavailable (need root)")
     shaper, why = shaper_choice(probes)
     reasons.append(f"shaper {shaper}: {why}" if shaper != "none" else f"no shaper: {why}")
-    transport = "gloo-tcp" if probes["torch"].ok else "none"
-    reasons.append("transport gloo-tcp: torch installed" if probes["torch"].ok
+    transport = TCP.label if probes["torch"].ok else "none"
+    reasons.append(f"transport {TCP.label}: torch installed" if probes["torch"].ok
                    else "no transport: torch is not installed (make install)")
     if probes["mininet"].ok and probes["mnexec"].ok:
         switch, why = resolve_switch("auto")

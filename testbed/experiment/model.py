@@ -17,7 +17,7 @@ from typing import Any
 
 from workloads import schedule as S
 from workloads.memory import MemoryBudget
-from workloads.records import RankTrace
+from workloads.records import TRANSPORTS, RankTrace
 from workloads.sampling import ComputeSamples, simulate_expected
 from workloads.simulate import Costs, Prediction
 from workloads.sizing import size_geopipe
@@ -98,7 +98,7 @@ def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: l
                            samples=times.samples, message_overhead_s=overhead)
     sched = S.build(schedule.removeprefix("torch-"), stages, microbatches, geo)
     costs = Costs(times.forward_s, times.backward_s, link_delay_s, bytes_per_s, times.activation_bytes,
-                  max(times.stash_bytes), overhead, times.dispatch_s, receiver_driven=transport != "rdma")
+                  max(times.stash_bytes), overhead, times.dispatch_s, receiver_driven=TRANSPORTS[transport].receiver_driven)
     return simulate_expected(sched, costs, times.samples, microbatches), geo
 
 

@@ -44,7 +44,7 @@ from testbed.topology import load_topology
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
 from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT, resolve_topology
-from workloads.records import RankTrace
+from workloads.records import RDMA, TCP, TRANSPORTS, RankTrace
 
 BUDGETED = ("1f1b", "1f1b-prefetch", "geopipe")
 """Schedules that run under the experiment's memory budget (gpipe cannot fit a 1F1B-relative one; PyTorch's
@@ -76,7 +76,7 @@ class Setting:
     @property
     def label(self) -> str:
         budget = f"-b{self.applied_budget}" if self.applied_budget else ""
-        over = "" if self.transport == "tcp" else f"-{self.transport}"
+        over = "" if self.transport == TCP.key else f"-{self.transport}"
         return (f"{self.sweep}-{self.km:g}km-{self.rate_bps / 1e6:g}mbit-m{self.microbatches}-{self.schedule}"
                 f"-r{self.repetition}{budget}{over}")
 
@@ -90,7 +90,7 @@ class Setting:
     @property
     def group_label(self) -> str:
         budget = f"-b{self.budget}" if self.budget else ""
-        over = "" if self.transport == "tcp" else f"-{self.transport}"
+        over = "" if self.transport == TCP.key else f"-{self.transport}"
         where = "" if self.sweep == "distance" else f"-{self.km:g}km"
         return (f"{self.sweep}{where}-{self.rate_bps / 1e6:g}mbit-m{self.microbatches}-r{self.repetition}"
                 f"{budget}{over}")
@@ -332,7 +332,7 @@ class Experiment:
                "mininet": state.mininet.to_json() if state and state.mininet else None,
                "shaper": state.shaper_name if state else "none",
                "shaper_calibration_s": state.shaper.calibration_s if state and state.shaper else None,
-               "transport": " + ".join({"tcp": "gloo-tcp", "rdma": "rdma-rc (SoftRoCE)"}.get(t, t)
+               "transport": " + ".join(TRANSPORTS[t].label + (" (SoftRoCE)" if t == RDMA.key else "")
                                         for t in self.spec.transports), "versions": _versions(), "cpus": os.cpu_count(),
                "seconds": time.monotonic() - self.started + self.seconds_before,
                "dilation": self._dilation(state)}

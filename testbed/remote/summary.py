@@ -14,6 +14,7 @@ from testbed.remote.inventory import Machine
 from testbed.remote.verify import dc_pair
 from testbed.run.runner import RunOptions
 from testbed.run.summary import LinkRecord, RunSummary, ScheduleSummary, StageLink, StagePlacement
+from workloads.records import TCP
 
 Pair = tuple[str, str]
 
@@ -48,7 +49,7 @@ def remote_summary(fleet: Fleet, run_id: str, plan: Any, chosen: list[Machine], 
         stages=[StagePlacement(i, m.name, m.dc) for i, m in enumerate(chosen)], stage_links=links,
         links=records, lossless_ok=all(not lk.lossless or not lk.drops_during_run for lk in records),
         shaper="+".join(shapers), backend="remote-ssh", switch=None, shaper_calibration_s=calibration,
-        transport="gloo-tcp", transport_reason=("--transport auto took tcp: 'testbed remote' carries TCP only"
+        transport=TCP.label, transport_reason=("--transport auto took tcp: 'testbed remote' carries TCP only"
                                                 if options.transport == "auto" else "asked for"),
         kernel=", ".join(sorted({facts[m.name].kernel for m in chosen})), cpus=cpus,
         oversubscribed=oversubscribed, workers=len(chosen), delay_daemons=daemons,

@@ -57,7 +57,7 @@ from workloads.commthreads import DEFAULT_COMM_PRIORITY
 from workloads.hostcpu import WatchGroup
 from workloads.layouts import TORCH_SCHEDULES, chunks_per_rank
 from workloads.memory import MemoryBudget
-from workloads.records import LinkSetting, RankTrace, WorkerConfig
+from workloads.records import RDMA, TCP, LinkSetting, RankTrace, WorkerConfig
 from workloads.schedule import SCHEDULES
 
 ALL_SCHEDULES = (*SCHEDULES, *TORCH_SCHEDULES)
@@ -117,7 +117,7 @@ class RunOptions:
     seed: int = 1234
     dump_gradients: bool = False
     """Each rank writes its last iteration's gradients (grads-rank-<r>.pt) beside its trace."""
-    transport: str = "tcp"
+    transport: str = TCP.key
     """tcp (gloo), rdma (SoftRoCE / RDMA NIC; fails when missing) or auto (rdma where possible, says why not)."""
     rdma_slots: int = 4
     """RDMA receive slots per neighbour: how many messages a sender may push before the receiver takes them."""
@@ -267,7 +267,7 @@ def _run_workers(backend: Backend, schedules: list[str], options: RunOptions, ho
                  transport: TransportChoice | None, caps: list[WorkerCap], settings: list[LinkSetting] | None = None,
                  switch: Callable[[int], None] | None = None) -> None:
     links = stage_links(backend.state.plan, hosts)
-    transport = transport or TransportChoice("tcp", "default")
+    transport = transport or TransportChoice(TCP.key, "default")
     master = hosts[0].ip(HOST_IFNAME)
     port = free_port(backend, hosts[0].name, master)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -455,7 +455,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         load = monitor.finish()
         timing = link_timing(plan, holds_before, _hold_counters(shaper),
                              backend.state.shaper.release_error_s if backend.state.shaper else {}, dilation.factor)
-        measured_by = {entry: measure(entry.rsplit("/", 1)[-1], ranks, tokens, links_by[entry], transport.name != "rdma")
+        measured_by = {entry: measure(entry.rsplit("/", 1)[-1], ranks, tokens, links_by[entry], transport.kind.receiver_driven)
                        for entry, ranks in ranks_by.items()}
         for entry, measured in measured_by.items():
             measured.link_setting = entry.rsplit("/", 1)[0] if "/" in entry else None
@@ -523,15 +523,15 @@ def write_run(run_dir: Path, summary: RunSummary, traces: dict[str, list[RankTra
 
 def _describe(choice: TransportChoice, traces: dict[str, list[RankTrace]]) -> str:
     """`gloo-tcp`, or `rdma-rc (SoftRoCE, QPs per link 1/2, RDMA MTU 4096)` from what the ranks set up."""
-    if choice.name != "rdma":
-        return "gloo-tcp"
+    if choice.kind is not RDMA:
+        return choice.kind.label
     qps, mtus = set(), set()
     for ranks in traces.values():
         for r in ranks:
             for peer in r.transport_detail.get("peers", {}).values():
                 qps.add(peer["qps"])
                 mtus.add(peer["rdma_mtu"])
-    return (f"rdma-rc (SoftRoCE, QPs per link {'/'.join(map(str, sorted(qps)))}, RDMA MTU "
+    return (f"{RDMA.label} (SoftRoCE, QPs per link {'/'.join(map(str, sorted(qps)))}, RDMA MTU "
             f"{'/'.join(map(str, sorted(mtus)))})")
 
 

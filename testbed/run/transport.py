@@ -14,8 +14,11 @@ from testbed.plan.model import Node, Plan
 from testbed.rdma.softroce import rdma_mtu_for
 from testbed.rdma.support import ROUTES, rxe_in_namespaces
 from testbed.state.records import RdmaRecord, RxeDevice
+from workloads.records import RDMA, TCP, TRANSPORTS, TransportKind
 
-TRANSPORTS = ("tcp", "rdma", "auto")
+AUTO = "auto"
+CHOICES = (*TRANSPORTS, AUTO)
+"""What --transport takes: a transport's key, or auto (rdma where it can run, tcp otherwise)."""
 
 
 class TransportError(RuntimeError):
@@ -25,12 +28,17 @@ class TransportError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class TransportChoice:
     name: str
-    """tcp or rdma."""
+    """A key of workloads.records.TRANSPORTS."""
     reason: str
     devices: list[RxeDevice] = field(default_factory=list)
     """Per stage, its host's rxe device (rdma only)."""
     path_rdma_mtu: list[int] = field(default_factory=list)
     """Per stage boundary, the largest RDMA MTU the path carries."""
+
+    @property
+    def kind(self) -> TransportKind:
+        """The chosen transport's registry entry."""
+        return TRANSPORTS[self.name]
 
 
 def rdma_missing(plan: Plan, record: RdmaRecord | None, hosts: list[Node], schedules: list[str]) -> str:
@@ -64,16 +72,17 @@ def path_mtus(plan: Plan, hosts: list[Node]) -> list[int]:
 
 def choose(requested: str, plan: Plan, record: RdmaRecord | None, hosts: list[Node],
            schedules: list[str]) -> TransportChoice:
-    if requested not in TRANSPORTS:
-        raise TransportError(f"unknown --transport {requested!r}; choose one of: {', '.join(TRANSPORTS)}")
-    if requested == "tcp":
-        return TransportChoice("tcp", "asked for (--transport tcp)")
+    if requested not in CHOICES:
+        raise TransportError(f"unknown --transport {requested!r}; choose one of: {', '.join(CHOICES)}")
+    if requested == TCP.key:
+        return TransportChoice(TCP.key, "asked for (--transport tcp)")
     missing = rdma_missing(plan, record, hosts, schedules)
     if missing:
-        if requested == "rdma":
+        if requested == RDMA.key:
             raise TransportError(f"--transport rdma cannot run: {missing}. Routes: {ROUTES}")
-        return TransportChoice("tcp", f"--transport auto took tcp: {missing}")
+        return TransportChoice(TCP.key, f"--transport auto took tcp: {missing}")
     assert record is not None
     devices = [record.device_of(h.name) for h in hosts]
-    return TransportChoice("rdma", f"every stage has an rxe device ({requested})",
+    return TransportChoice(RDMA.key, f"every stage has an rxe device ({requested})",
                            devices=[d for d in devices if d is not None], path_rdma_mtu=path_mtus(plan, hosts))
+
