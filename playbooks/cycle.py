@@ -132,7 +132,7 @@ class Cycle(Fleet):
     def _measure(self, schedule: str, options: RunOptions, chosen: list[Machine], links: list[StageLink], plan: Any,
                  where: Path, run_id: str, baseline: dict[str, float]) -> Attempt[tuple[list[RankTrace], ScheduleSummary]]:
         """One schedule run once on the machines, with its host load and its link timing beyond `baseline`."""
-        tokens = options.microbatches * options.microbatch_size * int(options.model.get("block_size", 64))
+        tokens = options.microbatches * options.microbatch_size * options.model.block_size
         shaped = set(self.shapes)
         before, holds_before, began = readings.loads(self, chosen), readings.counters(self, shaped)[1], time.monotonic()
         ranks, fetch_s = run_schedule(self, schedule, options, chosen, links, where / schedule, run_id)

@@ -60,3 +60,18 @@ def test_the_kept_attempt_of_a_repeated_run_is_where_plots_and_the_model_read(tm
     assert (tmp_path / "geopipe-set-aside" / "rank-0.json").read_text() == "disturbed"
     keep_attempt(first, first)                           # the first was kept: nothing moves
     assert (first / "rank-0.json").read_text() == "quiet"
+
+
+def test_the_model_is_typed_and_a_bad_shape_fails_before_bring_up() -> None:
+    from workloads.records import GPTConfig, WorkerConfig
+
+    options = RunOptions(schedules=["1f1b"], model={"n_layer": 3, "n_embd": 64})
+    assert options.model == GPTConfig(n_layer=3, n_embd=64)
+    with pytest.raises(RunError, match=r"n_embd \(66\) must be divisible by n_head \(4\) \(--width, --heads"):
+        RunOptions(schedules=["1f1b"], model={"n_embd": 66})
+    with pytest.raises(RunError, match="model: unknown field 'layers'"):
+        RunOptions(schedules=["1f1b"], model={"layers": 3})
+    config = WorkerConfig(rank=0, world=2, master_addr="10.0.0.1", master_port=1, schedules=["1f1b"], model=options.model)
+    assert WorkerConfig.from_json(config.to_json()).model == options.model          # across the worker boundary
+    out = run_cli("run", "3dc-line", "--width", "66", check=False)
+    assert out.returncode == 1 and "n_embd (66) must be divisible by n_head (4)" in out.stderr

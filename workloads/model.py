@@ -3,30 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from workloads.records import GPTConfig
 
-@dataclass(kw_only=True, slots=True)
-class GPTConfig:
-    vocab_size: int = 128
-    """Byte-level vocabulary (ASCII text)."""
-    block_size: int = 64
-    """Sequence length T."""
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    """Width C."""
-    seed: int = 1234
-
-    def __post_init__(self) -> None:
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if self.n_layer < 1 or self.block_size < 2:
-            raise ValueError("need n_layer >= 1 and block_size >= 2")
+__all__ = ["GPTConfig", "build_reference", "build_stages", "loss_fn"]
 
 
 class CausalSelfAttention(nn.Module):

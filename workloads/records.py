@@ -33,6 +33,27 @@ class LinkSetting:
                    list(data.get("schedules", [])))
 
 
+@dataclass(kw_only=True, slots=True)
+class GPTConfig:
+    """The model's shape (workloads/model.py builds it; torch-free here, so runners and configs carry it)."""
+
+    vocab_size: int = 128
+    """Byte-level vocabulary (ASCII text)."""
+    block_size: int = 64
+    """Sequence length T."""
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    """Width C."""
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.n_layer < 1 or self.block_size < 2:
+            raise ValueError("need n_layer >= 1 and block_size >= 2")
+
+
 @dataclass(frozen=True, slots=True)
 class TransportKind:
     """One transport between stages: its one spelling (command line, WorkerConfig.transport) and its name in
@@ -65,8 +86,7 @@ class WorkerConfig:
     microbatch_size: int = 4
     iterations: int = 4
     """Timed iterations, after one warm-up iteration."""
-    model: dict[str, Any] = field(default_factory=dict)
-    """GPTConfig fields (n_layer, n_embd, n_head, block_size)."""
+    model: GPTConfig = field(default_factory=GPTConfig)
     split: list[int] | None = None
     link_delay_s: list[float] = field(default_factory=list)
     """Configured one-way delay between stage s and s+1 (0 within a DC)."""
@@ -121,6 +141,7 @@ class WorkerConfig:
         known = {k: v for k, v in data.items() if k != "schedule"}
         return cls(**{**known, "schedules": list(data.get("schedules", [data.get("schedule")])),
                       "memory_budget": None if budget is None else str(budget),
+                      "model": GPTConfig(**data.get("model", {})),
                       "watch": [WatchGroup.from_json(g) for g in data.get("watch", [])],
                       "settings": [LinkSetting.from_json(x) for x in data.get("settings", [])]})
 

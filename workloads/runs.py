@@ -27,21 +27,15 @@ def log(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
-def model_config(cfg: WorkerConfig) -> Any:
-    from workloads.model import GPTConfig
-
-    return GPTConfig(**cfg.model)
-
-
 def data_for(cfg: WorkerConfig) -> Any:
     """The run's data: every schedule gets its own iterator with the same seed (the same batches in order)."""
     from workloads.data import batches
 
-    return batches(cfg.microbatches * cfg.microbatch_size, model_config(cfg).block_size, cfg.seed)
+    return batches(cfg.microbatches * cfg.microbatch_size, cfg.model.block_size, cfg.seed)
 
 
 def activation_shape(cfg: WorkerConfig) -> tuple[int, ...]:
-    model = model_config(cfg)
+    model = cfg.model
     return (cfg.microbatch_size, model.block_size, model.n_embd)
 
 
@@ -59,7 +53,7 @@ class OursRun:
 
         self.cfg, self.name, self.transport, self.host = cfg, name, transport, host
         self.detail, self.message_cost = transport_detail, message_cost
-        self.stage = build_stages(model_config(cfg), cfg.world, cfg.split)[cfg.rank]
+        self.stage = build_stages(cfg.model, cfg.world, cfg.split)[cfg.rank]
         self.optimizer = torch.optim.AdamW(self.stage.parameters(), lr=cfg.lr)
         self.executor = StageExecutor(self.stage, cfg.rank, cfg.world, transport, activation_shape(cfg),
                                       cfg.microbatches, loss_fn)
@@ -172,7 +166,7 @@ class TorchRun:
         self.cfg, self.name, self.transport = cfg, name, transport
         self.total = cfg.world * chunks_per_rank(name)
         self.indices = virtual_stages(name, cfg.rank, cfg.world)
-        modules = build_stages(model_config(cfg), self.total, cfg.split if self.total == cfg.world else None)
+        modules = build_stages(cfg.model, self.total, cfg.split if self.total == cfg.world else None)
         self.chunks = [modules[i] for i in self.indices]
         self.optimizer = torch.optim.AdamW([p for c in self.chunks for p in c.parameters()], lr=cfg.lr)
         stages = [PipelineStage(c, i, self.total, torch.device("cpu"))

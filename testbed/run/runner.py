@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ from workloads.commthreads import DEFAULT_COMM_PRIORITY
 from workloads.hostcpu import WatchGroup
 from workloads.layouts import TORCH_SCHEDULES, chunks_per_rank
 from workloads.memory import MemoryBudget
-from workloads.records import RDMA, TCP, LinkSetting, RankTrace, WorkerConfig
+from workloads.records import RDMA, TCP, GPTConfig, LinkSetting, RankTrace, WorkerConfig
 from workloads.schedule import SCHEDULES
 
 ALL_SCHEDULES = (*SCHEDULES, *TORCH_SCHEDULES)
@@ -102,7 +102,8 @@ class RunOptions:
     microbatches: int = 8
     microbatch_size: int = 4
     iterations: int = 4
-    model: dict[str, Any] = field(default_factory=dict)
+    model: GPTConfig = field(default_factory=GPTConfig)
+    """The model's shape; a dict of its fields (as JSON gives it) is taken too."""
     memory_budget: str | None = None
     """In-flight memory per stage, enforced: bytes (`64MiB`) or relative to 1F1B (`1f1b+2`)."""
     unbudgeted: list[str] = field(default_factory=list)
@@ -129,6 +130,14 @@ class RunOptions:
     """Interleave these settings of one link with the schedules (the experiment's distance sweep)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, dict):
+            unknown = sorted(set(self.model) - {f.name for f in fields(GPTConfig)})
+            if unknown:
+                raise RunError(f"model: unknown field {unknown[0]!r}; known: {', '.join(f.name for f in fields(GPTConfig))}")
+            try:
+                self.model = GPTConfig(**self.model)
+            except ValueError as exc:
+                raise RunError(f"model: {exc} (--width, --heads, --layers, --seq-len)") from None
         bad = [s for s in self.schedules if s not in ALL_SCHEDULES]
         if bad or not self.schedules:
             raise RunError(f"unknown schedule {bad[0] if bad else '(none)'!r}; choose from: {', '.join(ALL_SCHEDULES)}")
@@ -145,7 +154,7 @@ class RunOptions:
     def check_stages(self, count: int) -> None:
         """The model must fill `count` stages (PyTorch's multi-stage schedules: twice as many chunks); checked
         before anything is brought up."""
-        layers = int(self.model.get("n_layer", 4))
+        layers = self.model.n_layer
         for name in self.schedules:
             chunks = count * chunks_per_rank(name)
             if layers < chunks and (self.split is None or chunks > count):    # two-chunk schedules split evenly
@@ -432,7 +441,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     elif oversubscribed:
         log(f"WARNING: {len(hosts)} workers + {daemons} delay daemons on {cpus} cores: compute spans stretch when "
             "more run than there are cores, so bubble ratios are under-stated (recorded in summary.json)")
-    tokens = options.microbatches * options.microbatch_size * int(options.model.get("block_size", 64))
+    tokens = options.microbatches * options.microbatch_size * options.model.block_size
     log(f"running {', '.join(options.schedules)}" + (" interleaved" if len(options.schedules) > 1 else "")
         + f": {len(hosts)} stages on {', '.join(h.name for h in hosts)}")
 
