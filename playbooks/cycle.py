@@ -24,6 +24,7 @@ from testbed.remote import readings
 from testbed.remote.fleet import CycleError, Fleet, HostFacts
 from testbed.remote.hostshape import HostShape, path_of
 from testbed.remote.inventory import Inventory, Machine
+from testbed.remote.rdma import check_transport, choose_transport, verify_rdma
 from testbed.remote.shapes import attach, shape_machines
 from testbed.remote.summary import remote_summary
 from testbed.remote.verify import verify_pairs
@@ -42,9 +43,10 @@ from testbed.run.runner import (
     write_run,
 )
 from testbed.run.summary import RunSummary, ScheduleSummary, StageLink
+from testbed.run.transport import TransportChoice, TransportError
 from testbed.shaping.delayline import STATS_INTERVAL_S
 from testbed.util.interrupts import cleanup
-from workloads.records import RDMA, RankTrace
+from workloads.records import TCP, RankTrace
 
 __all__ = ["Cycle", "CycleError", "HostFacts", "full_cycle", "stage_machines"]
 
@@ -65,6 +67,8 @@ class Cycle(Fleet):
     checks: list[Check] = field(default_factory=list, kw_only=True)
     collect_s: float = field(default=0.0, kw_only=True)
     """Time spent fetching traces and logs during `run` (reported as the collect step)."""
+    transport: TransportChoice = field(default_factory=lambda: TransportChoice(TCP.key, "default"), kw_only=True)
+    """The run's transport (testbed/remote/rdma.py: the single machine's rule, rxe devices given)."""
 
     def shape(self) -> None:
         """Measure each pair's unshaped round trip (taken off the holds), then install every machine's shape."""
@@ -79,10 +83,24 @@ class Cycle(Fleet):
         start = time.monotonic()
         self.checks = verify_pairs(self, build_plan(self.inventory.topology, self.testbed), self.shapes)
         self.step_s["verify"] = time.monotonic() - start
-        for c in self.checks:
+        self._log_checks(self.checks)
+        return self.checks
+
+    def _verify_rdma(self, plan: Any, chosen: list[Machine]) -> None:
+        """RDMA round trip and goodput per stage boundary between DCs; a failed check stops the run."""
+        start = time.monotonic()
+        checks = verify_rdma(self, plan, chosen, self.transport.devices, self.transport.path_rdma_mtu)
+        self.step_s["rdma-verify"] = self.step_s.get("rdma-verify", 0.0) + time.monotonic() - start
+        self._log_checks(checks)
+        self.checks += checks
+        if failed := [c for c in checks if not c.ok]:
+            raise RunError("RDMA verify failed: " + "; ".join(f"{c.kind} {c.subject}: {c.measured} (expected "
+                                                              f"{c.expected})" for c in failed))
+
+    def _log_checks(self, checks: list[Check]) -> None:
+        for c in checks:
             self.log(f"  verify    {c.kind:<10} {c.subject}: {c.measured} (expected {c.expected}) "
                      f"{'pass' if c.ok else 'FAIL'}")
-        return self.checks
 
     def run(self, options: RunOptions, run_id: str | None = None) -> tuple[Path, RunSummary]:
         """Every schedule of `options` in turn, one worker per machine chosen by the placement, a disturbed run
@@ -97,6 +115,14 @@ class Cycle(Fleet):
         run_id = run_id or time.strftime("%Y%m%d-%H%M%S") + "-remote-" + "-".join(options.schedules)
         run_dir = self.results_root / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.transport = choose_transport(self, plan, options.transport, chosen, options.schedules)
+        except TransportError as exc:
+            raise RunError(str(exc)) from None
+        self.log(f"  run       transport {self.transport.name}: {self.transport.reason}")
+        self.checks = [c for c in self.checks if not c.kind.startswith("rdma-")]   # this run's transport only
+        if self.transport.devices:
+            self._verify_rdma(plan, chosen)
         drops_before = readings.counters(self, set(self.shapes))[0]
         baseline = readings.baseline_lateness(self, plan, set(self.shapes))
         summaries, traces = [], {}
@@ -118,7 +144,7 @@ class Cycle(Fleet):
         metrics.pool_references(summaries)
         drops_after = readings.counters(self, set(self.shapes))[0]
         summary = remote_summary(self, run_id, plan, chosen, links, summaries, options, self.checks, self.shapes,
-                                 drops_before, drops_after)
+                                 drops_before, drops_after, self.transport, traces)
         start = time.monotonic()
         write_run(run_dir, summary, traces, plan, self.log)
         (run_dir / "hosts").mkdir(exist_ok=True)
@@ -135,10 +161,10 @@ class Cycle(Fleet):
         tokens = options.microbatches * options.microbatch_size * options.model.block_size
         shaped = set(self.shapes)
         before, holds_before, began = readings.loads(self, chosen), readings.counters(self, shaped)[1], time.monotonic()
-        ranks, fetch_s = run_schedule(self, schedule, options, chosen, links, where / schedule, run_id)
+        ranks, fetch_s = run_schedule(self, schedule, options, chosen, links, where / schedule, run_id, self.transport)
         self.collect_s += fetch_s
         time.sleep(STATS_INTERVAL_S)           # the daemons' statistics cover the run's last packets
-        measured = measure(schedule, ranks, tokens, links)
+        measured = measure(schedule, ranks, tokens, links, self.transport.kind.receiver_driven)
         measured.link_timing = link_timing(plan, readings.holds_by_label(plan, holds_before),
                                            readings.holds_by_label(plan, readings.counters(self, shaped)[1]),
                                            baseline, floor_s=REMOTE_HOLD_FLOOR_S)
@@ -156,9 +182,6 @@ class Cycle(Fleet):
 def stage_machines(inventory: Inventory, options: RunOptions) -> list[Machine]:
     """The machines that run stage 0, 1, ... (testbed.run.placement), the model checked against them: before
     anything is set up on any machine."""
-    if options.transport == RDMA.key:
-        raise RunError("--transport rdma is not carried by 'testbed remote' yet: its workers run over TCP (gloo); "
-                       "use --transport tcp or auto, or run RDMA under the stock kernel ('testbed vm')")
     machines = list(inventory.machines)
     try:
         chosen = [machines[i] for i in place_stages([(m.name, m.dc) for m in machines], options.stages,
@@ -177,6 +200,10 @@ def full_cycle(inventory: Inventory, options: RunOptions, *, testbed: str, resul
     try:
         cycle.preflight()
         cycle.provision()
+        try:                          # RDMA asked where a machine cannot: fail before anything is shaped
+            check_transport(cycle, options.transport, stage_machines(inventory, options), options.schedules)
+        except TransportError as exc:
+            raise RunError(str(exc)) from None
         cycle.shape()
         checks = cycle.verify()
         failed = [c for c in checks if not c.ok]

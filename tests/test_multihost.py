@@ -210,6 +210,21 @@ def test_unreachable_machine_fails_fast_names_it_and_touches_nothing(lab: SshLab
                    for h in lab.hosts)
 
 
+def test_rdma_where_a_machine_has_no_rxe_fails_before_shaping_and_names_it(lab: SshLab, tmp_path: Path) -> None:
+    """This host's kernel has no rdma_rxe (the stock-kernel tier runs the RDMA cycle: tests/test_vm_remote_rdma.py):
+    `--transport rdma` stops after provisioning, each machine named with its kernel's answer, nothing shaped."""
+    from testbed.rdma.support import rxe_here
+
+    if rxe_here().ok:
+        pytest.skip("this kernel runs rxe: tests/test_vm_remote_rdma.py covers it")
+    lines: list[str] = []
+    with pytest.raises(RunError, match=r"--transport rdma cannot run: dc-a-h1: .*rdma_rxe.*dc-c-h1: .*Routes"):
+        full_cycle(load_inventory(_inventory(lab)), RunOptions(schedules=["1f1b"], transport="rdma"), testbed="mh-rdma",
+                   results_root=tmp_path, log=lines.append)
+    assert any("rxe no (" in line for line in lines) and not any(line.lstrip().startswith("shape") for line in lines)
+    _nothing_left(lab, "mh-rdma")
+
+
 def test_a_model_that_cannot_fill_the_machines_fails_before_any_ssh(lab: SshLab, tmp_path: Path) -> None:
     lines: list[str] = []
     with pytest.raises(RunError, match="2 layers cannot fill 3 stages"):

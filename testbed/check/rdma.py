@@ -66,15 +66,21 @@ def check_rdma(backend: Backend, count: int = 16, timeout_s: float = 120.0) -> l
                                           timeout_s=timeout_s).one_way_min_s
             checks.append(judge_rtt(f"{d.link} {src.name} <-> {dst.name}", rtt_s, 2 * run.one_way_min_s,
                                     own[src.name], tcg=tcg, where=src.name, qps=run.qps, rdma_mtu=run.rdma_mtu))
-        expected = d.rate_bps * run.rdma_mtu / (run.rdma_mtu + ROCE_OVERHEAD + 14)
-        fraction = run.goodput_bps / expected
-        low = TCG_MIN_GOODPUT if tcg else MIN_GOODPUT
-        checks.append(Check("rdma-rate", f"{d.link} {d.label}",
-                            f"{low:.0%}-{MAX_GOODPUT:.0%} of {units.format_rate(expected)} (RoCEv2 at RDMA MTU "
-                            f"{run.rdma_mtu} over {units.format_rate(d.rate_bps)})" + (" (TCG)" if tcg else ""),
-                            f"{units.format_rate(run.goodput_bps)} ({fraction:.1%} of expected)",
-                            low <= fraction <= MAX_GOODPUT))
+        checks.append(judge_rate(f"{d.link} {d.label}", d.rate_bps, run, tcg=tcg))
     return checks
+
+
+def judge_rate(subject: str, rate_bps: float, run: ProbeResult, *, tcg: bool) -> Check:
+    """The `rdma-rate` check: the bulk goodput against the rate less RoCEv2's headers at the run's RDMA MTU,
+    within MIN_GOODPUT (TCG_MIN_GOODPUT in a TCG guest) .. MAX_GOODPUT (more means the direction is unshaped)."""
+    expected = rate_bps * run.rdma_mtu / (run.rdma_mtu + ROCE_OVERHEAD + 14)
+    fraction = run.goodput_bps / expected
+    low = TCG_MIN_GOODPUT if tcg else MIN_GOODPUT
+    return Check("rdma-rate", subject,
+                 f"{low:.0%}-{MAX_GOODPUT:.0%} of {units.format_rate(expected)} (RoCEv2 at RDMA MTU "
+                 f"{run.rdma_mtu} over {units.format_rate(rate_bps)})" + (" (TCG)" if tcg else ""),
+                 f"{units.format_rate(run.goodput_bps)} ({fraction:.1%} of expected)",
+                 low <= fraction <= MAX_GOODPUT, key=subject, value=run.goodput_bps)
 
 
 def judge_rtt(subject: str, configured_s: float, shortest_s: float, own_s: float, *, tcg: bool, where: str,

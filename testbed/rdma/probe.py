@@ -67,8 +67,11 @@ def _rendezvous(sock: socket.socket, info: dict[str, Any]) -> dict[str, Any]:
 def serve(args: argparse.Namespace) -> int:
     params = _params(args)
     listener = socket.create_server(("0.0.0.0", args.port))
+    listener.settimeout(args.timeout)      # a client that never comes does not leave the server behind
     print(json.dumps({"listening": args.port}), flush=True)
     conn, _ = listener.accept()
+    conn.settimeout(None)
+    listener.close()
     endpoint = RdmaEndpoint(args.device, args.gid_index, SERVER_RANK, {CLIENT_RANK: params}, timeout_s=args.timeout)
     try:
         remote = _rendezvous(conn, endpoint.local_info())

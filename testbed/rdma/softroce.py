@@ -13,7 +13,9 @@ import ipaddress
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from testbed.backends.base import Backend, BackendError
 from testbed.plan import Plan
@@ -106,7 +108,13 @@ def _rdma(backend: Backend, node: str, args: list[str]) -> str:
 
 
 def _check(backend: Backend, device: RxeDevice, address: str) -> None:
-    """Port ACTIVE, the GID that maps the host's IPv4 address (RoCEv2), and the RDMA MTU the port runs at."""
+    check_device(device, address, lambda argv: backend.exec(device.node, argv, capture_output=True, text=True,
+                                                            timeout=30))
+
+
+def check_device(device: RxeDevice, address: str, run: Callable[[list[str]], Any]) -> None:
+    """Port ACTIVE, the GID that maps the host's IPv4 address (RoCEv2), and the RDMA MTU the port runs at
+    (`run` runs a command where the device's netdev lives: one machine's namespace, or a remote machine)."""
     deadline = time.monotonic() + ACTIVE_WAIT_S
     state = ""
     while time.monotonic() < deadline:
@@ -133,8 +141,7 @@ def _check(backend: Backend, device: RxeDevice, address: str) -> None:
     if device.gid_index < 0:
         raise BackendError(f"{device.node}: rxe device {device.name} has no GID for {address} (RoCEv2 needs the "
                            "interface's IPv4 address in the GID table)")
-    info = backend.exec(device.node, ["ibv_devinfo", "-d", device.name, "-i", "1"], capture_output=True, text=True,
-                        timeout=30)
+    info = run(["ibv_devinfo", "-d", device.name, "-i", "1"])
     match = re.search(r"active_mtu:\s*(\d+)", info.stdout or "")
     if info.returncode != 0 or not match:
         raise BackendError(f"{device.node}: ibv_devinfo cannot query {device.name}: {(info.stderr or '').strip()} "

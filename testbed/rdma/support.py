@@ -15,8 +15,8 @@ from testbed.backends.base import BackendError
 
 NETNS_RXE_KERNEL = (7, 1)
 ROUTES = ("run under the stock 7.x kernel in QEMU (make install fetches it; 'testbed vm -- .venv/bin/testbed run "
-          "TOPOLOGY --transport rdma', or 'make vm-test'), or put one stage per real host, each with its own rxe or "
-          "RDMA NIC in its initial namespace (multi-host runs; 'testbed remote' carries TCP only so far)")
+          "TOPOLOGY --transport rdma', or 'make vm-test'), or put one stage per real host, each with rdma_rxe in its "
+          "kernel ('testbed remote cycle INVENTORY --transport rdma' gives each machine's NIC an rxe device)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,17 +62,39 @@ def pyverbs_present() -> bool:
 def rxe_in_namespaces() -> RxeSupport:
     """Whether `rdma: softroce` can work on the running kernel, with the first missing piece named."""
     release = platform.release()
-    version = kernel_version(release)
+    missing = _missing(release, namespaced=True)
+    return RxeSupport(not missing, missing or f"kernel {release} runs rdma_rxe inside network namespaces")
+
+
+def in_initial_netns() -> bool:
+    """This process runs in the machine's initial network namespace (a real host, not an emulated one)."""
+    try:
+        return os.stat("/proc/self/ns/net").st_ino == os.stat("/proc/1/ns/net").st_ino
+    except OSError:
+        return True
+
+
+def rxe_here() -> RxeSupport:
+    """Whether this machine can give its own NIC an rxe device: a real host needs rdma_rxe in its kernel, an
+    emulated host (a network namespace, as in the SSH lab) Linux >= 7.1 as well."""
+    release = platform.release()
+    namespaced = not in_initial_netns()
+    missing = _missing(release, namespaced)
+    return RxeSupport(not missing, missing or f"kernel {release} runs rdma_rxe"
+                      + (" inside network namespaces" if namespaced else ""))
+
+
+def _missing(release: str, namespaced: bool) -> str:
+    """The first piece SoftRoCE lacks here ('' when nothing)."""
     if not rxe_module_present(release):
-        return RxeSupport(False, f"kernel {release} has no rdma_rxe module (not loaded, not built in, not in "
-                                 f"/lib/modules/{release})")
-    if version < NETNS_RXE_KERNEL:
-        return RxeSupport(False, f"kernel {release} has rdma_rxe, but rxe works inside a network namespace only "
-                                 f"from Linux {NETNS_RXE_KERNEL[0]}.{NETNS_RXE_KERNEL[1]}")
+        return f"kernel {release} has no rdma_rxe module (not loaded, not built in, not in /lib/modules/{release})"
+    if namespaced and kernel_version(release) < NETNS_RXE_KERNEL:
+        return (f"kernel {release} has rdma_rxe, but rxe works inside a network namespace only from Linux "
+                f"{NETNS_RXE_KERNEL[0]}.{NETNS_RXE_KERNEL[1]}")
     if not shutil.which("rdma"):
-        return RxeSupport(False, "the 'rdma' tool is missing (apt install iproute2)")
+        return "the 'rdma' tool is missing (apt install iproute2)"
     if not pyverbs_present():
-        return RxeSupport(False, "Python verbs are missing (apt install python3-pyverbs rdma-core)")
+        return "Python verbs are missing (apt install python3-pyverbs rdma-core)"
     if os.geteuid() != 0:
-        return RxeSupport(False, "creating rxe devices needs root")
-    return RxeSupport(True, f"kernel {release} runs rdma_rxe inside network namespaces")
+        return "creating rxe devices needs root"
+    return ""

@@ -14,6 +14,8 @@ stderr when it fails. Import-light: the controller calls it many times.
     freeport ADDRESS             a TCP port free on ADDRESS (the rendezvous)
     load                         CPU times (/proc/stat) and runnable tasks, for the host-load record
     counters TESTBED HOST        drops of this testbed's qdiscs per destination DC, delay-line gaps per source DC
+    rxe TESTBED HOST INDEX ADDR  an rxe device on the shaped NIC for the RDMA transport (removed by unshape)
+    rdma-probe ARGS...           exec the RDMA probe (testbed/rdma/probe.py: serve or client) for RDMA verify
 """
 
 from __future__ import annotations
@@ -53,9 +55,16 @@ def _env() -> EnvReply:
         torch_version = None
     return EnvReply(hostname=socket.gethostname(), kernel=platform.release(), python=sys.version.split()[0],
                     executable=sys.executable, torch=torch_version, cpus=os.cpu_count(), shaper=kernel_shaper(),
-                    rxe=Path("/sys/module/rdma_rxe").exists(), uid=os.getuid(),
+                    rxe=Path("/sys/module/rdma_rxe").exists(), rdma=_rdma_missing(), uid=os.getuid(),
                     boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
                     package=str(Path(__file__).resolve().parent.parent.parent), time=time.time())
+
+
+def _rdma_missing() -> str:
+    from testbed.rdma.support import rxe_here
+
+    support = rxe_here()
+    return "" if support.ok else support.reason
 
 
 def _freeport(address: str) -> PortReply:
@@ -139,6 +148,11 @@ def _worker(config: str, log: str, pidfile: str) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "workloads.worker", config])
 
 
+def _rdma_probe(probe_args: list[str]) -> None:
+    """Become the RDMA probe: `serve` prints {"listening": PORT} (a ListeningReply), `client` its ProbeResult."""
+    os.execv(sys.executable, [sys.executable, "-m", "testbed.rdma.probe", *probe_args])
+
+
 def _kill(pidfile: str) -> KillReply:
     path = Path(pidfile)
     if not path.exists():
@@ -194,10 +208,19 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("counters")
     p.add_argument("testbed")
     p.add_argument("host")
+    p = sub.add_parser("rxe")
+    p.add_argument("testbed")
+    p.add_argument("host")
+    p.add_argument("index", type=int)
+    p.add_argument("address")
+    p = sub.add_parser("rdma-probe")
+    p.add_argument("probe_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     try:
         if args.command == "worker":
             _worker(args.config, args.log, args.pidfile)
+        if args.command == "rdma-probe":
+            _rdma_probe(args.probe_args)
         from testbed.remote import hostshape
         result = {
             "env": lambda: _env(),
@@ -210,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             "freeport": lambda: _freeport(args.address),
             "load": _load,
             "counters": lambda: _counters(args.testbed, args.host),
+            "rxe": lambda: hostshape.add_rxe(args.testbed, args.host, args.index, args.address),
         }[args.command]()
     except Exception as exc:   # noqa: BLE001 - one line for the controller, which names the host
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)

@@ -15,14 +15,24 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from testbed.remote.inventory import Inventory, Machine
-from testbed.remote.replies import EnvReply, RemovedReply, Reply
+from testbed.remote.replies import EnvReply, RemovedReply
 from testbed.remote.ssh import RemoteError, Session
 from testbed.util.paths import REPO_ROOT
 
-R = TypeVar("R", bound=Reply)
+T = TypeVar("T")
+
+
+class FromJson(Protocol):
+    """A typed reply: an agent Reply, or the RDMA probe's ProbeResult."""
+
+    @classmethod
+    def from_json(cls: type[T], data: dict[str, Any]) -> T: ...
+
+
+R = TypeVar("R", bound=FromJson)
 CLOCK_SAMPLES = 8
 
 
@@ -92,11 +102,11 @@ class Fleet:
                                                            "testbed.remote.agent", *args], root=root,
                                                           timeout_s=timeout_s))
 
-    def agent_channel(self, m: Machine, *args: str) -> Any:
+    def agent_channel(self, m: Machine, *args: str, root: bool = False) -> Any:
         """An agent command left running on `m` (its stdout read line by line with `read_line`)."""
         facts = self.facts[m.name]
         return self.sessions[m.name].start(["env", f"PYTHONPATH={facts.project}", facts.python, "-m",
-                                            "testbed.remote.agent", *args], pty=False)
+                                            "testbed.remote.agent", *args], root=root, pty=False)
 
     def workdir(self, m: Machine) -> str:
         home = self.facts[m.name].home
@@ -172,7 +182,7 @@ class Fleet:
             facts.env = self.agent(m, EnvReply, "env", root=True)
             facts.shaper = facts.env.shaper
             return (f"{'present' if present else 'copied'} {self.tree_id}, {facts.python}, shaper "
-                    f"{facts.shaper}, rxe {'yes' if facts.env.rxe else 'no'}, {facts.env.cpus} CPUs")
+                    f"{facts.shaper}, rxe {'no (' + facts.env.rdma + ')' if facts.env.rdma else 'yes'}, {facts.env.cpus} CPUs")
 
         self.each("provision", install)
 

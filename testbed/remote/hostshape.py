@@ -27,8 +27,9 @@ from typing import Any
 
 from testbed.plan.builder import build_plan, delay_queue_packets
 from testbed.plan.model import Plan
+from testbed.rdma import softroce
 from testbed.remote.inventory import Inventory
-from testbed.remote.replies import CountersReply
+from testbed.remote.replies import CountersReply, RxeReply
 from testbed.shaping.delayline import DaemonStats, QueueStats
 from testbed.shaping.htb import BURST_BYTES, QUANTUM_BYTES, ROOT_HANDLE
 
@@ -125,6 +126,8 @@ class Installed:
     """iptables arguments (table, chain, match...) of every rule added, to delete them one by one."""
     daemon_pid: int | None = None
     files: list[str] = field(default_factory=list)
+    rxe: list[str] = field(default_factory=list)
+    """rxe devices given to the NIC for the RDMA transport (recorded before each is created)."""
 
     @staticmethod
     def path(testbed: str, host: str) -> Path:
@@ -229,6 +232,12 @@ def remove(testbed: str, host: str) -> list[str]:
         os.kill(installed.daemon_pid, signal.SIGTERM)
         _wait_gone(installed.daemon_pid)
         removed.append(f"delay daemon {installed.daemon_pid}")
+    for name in installed.rxe:
+        if softroce.exists(name):
+            subprocess.run(["rdma", "link", "delete", name], capture_output=True, timeout=10)
+            removed.append(f"rxe device {name}")
+        if softroce.exists(name):
+            raise RuntimeError(f"rxe device {name} is still registered after 'rdma link delete {name}'")
     with IPRoute() as ipr:
         found = ipr.link_lookup(ifname=installed.nic)
         if found and any(q["handle"] == ROOT_HANDLE and q.get_attr("TCA_KIND") == "htb"
@@ -270,6 +279,34 @@ def counters(testbed: str, host: str) -> CountersReply:
             reply.ingress[peer.dc] = queue.id_gaps
             reply.holds[peer.dc] = [queue.released, queue.error_us_sum / 1e6]
     return reply
+
+
+def add_rxe(testbed: str, host: str, index: int, address: str) -> RxeReply:
+    """An rxe device on the NIC this testbed shaped, for the RDMA transport (recorded before it exists, removed
+    by `remove`), checked as one machine checks its hosts' (testbed.rdma.softroce.check_device)."""
+    from testbed.rdma.support import rxe_here
+    from testbed.state.records import RxeDevice
+
+    installed = Installed.load(testbed, host)
+    if installed is None:
+        raise RuntimeError(f"testbed {testbed} is not shaped on {host}: shape it first")
+    support = rxe_here()
+    if not support.ok:
+        raise RuntimeError(f"no rxe device possible on {host}: {support.reason}")
+    device = RxeDevice(node=host, name=softroce.device_name(testbed, index), netdev=installed.nic)
+    created = not softroce.exists(device.name)
+    if created:
+        if device.name not in installed.rxe:
+            installed.rxe.append(device.name)
+            installed.save()
+        result = subprocess.run(["rdma", "link", "add", device.name, "type", "rxe", "netdev", installed.nic],
+                                capture_output=True, text=True, timeout=30)
+        if result.returncode != 0:
+            raise RuntimeError(f"'rdma link add {device.name} type rxe netdev {installed.nic}' failed: "
+                               f"{(result.stderr or result.stdout).strip()}")
+    softroce.check_device(device, address, lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=30))
+    return RxeReply(name=device.name, netdev=device.netdev, gid_index=device.gid_index, gid=device.gid,
+                    active_mtu=device.active_mtu, created=created)
 
 
 def _is_ours(pid: int, config: str) -> bool:

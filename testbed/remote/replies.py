@@ -35,6 +35,8 @@ class EnvReply(Reply):
     shaper: str = "none"
     """The shaper the kernel allows: netem, delayline or none."""
     rxe: bool = False
+    rdma: str = ""
+    """Why this machine cannot give its NIC an rxe device ('' when it can: testbed.rdma.support.rxe_here)."""
     uid: int = -1
     boot_id: str = ""
     package: str = ""
@@ -130,8 +132,22 @@ class KillReply(Reply):
     stopped: int | None = None
 
 
+@dataclass(slots=True)
+class RxeReply(Reply):
+    """`rxe`: the machine's rxe device on its NIC, checked (port ACTIVE, the IPv4 GID, the RDMA MTU)."""
+
+    name: str = ""
+    netdev: str = ""
+    gid_index: int = -1
+    gid: str = ""
+    active_mtu: int = 0
+    created: bool = False
+    """False: it existed already (an earlier run of this testbed)."""
+
+
 REPLIES: dict[str, type[Reply]] = {
     "env": EnvReply, "freeport": PortReply, "load": LoadReply, "counters": CountersReply, "shape": ShapeReply,
     "unshape": RemovedReply, "rtt": RttReply, "sink": SinkReply, "source": SourceReply, "kill": KillReply,
+    "rxe": RxeReply,
 }
 """Each command's reply type (`sink` prints a ListeningReply first)."""

@@ -12,16 +12,18 @@ from testbed.remote.fleet import Fleet
 from testbed.remote.hostshape import HostShape
 from testbed.remote.inventory import Machine
 from testbed.remote.verify import dc_pair
-from testbed.run.runner import RunOptions
+from testbed.run.runner import RunOptions, describe_transport
 from testbed.run.summary import LinkRecord, RunSummary, ScheduleSummary, StageLink, StagePlacement
-from workloads.records import TCP
+from testbed.run.transport import TransportChoice
+from workloads.records import RankTrace
 
 Pair = tuple[str, str]
 
 
 def remote_summary(fleet: Fleet, run_id: str, plan: Any, chosen: list[Machine], links: list[StageLink],
                    summaries: list[ScheduleSummary], options: RunOptions, checks: list[Check],
-                   shapes: dict[str, HostShape], drops_before: dict[Pair, int], drops_after: dict[Pair, int]) -> RunSummary:
+                   shapes: dict[str, HostShape], drops_before: dict[Pair, int], drops_after: dict[Pair, int],
+                   transport: TransportChoice, traces: dict[str, list[RankTrace]]) -> RunSummary:
     rtt = {c.key: c for c in checks if c.kind == "rtt"}
     records = []
     for d in plan.directions:
@@ -49,8 +51,8 @@ def remote_summary(fleet: Fleet, run_id: str, plan: Any, chosen: list[Machine], 
         stages=[StagePlacement(i, m.name, m.dc) for i, m in enumerate(chosen)], stage_links=links,
         links=records, lossless_ok=all(not lk.lossless or not lk.drops_during_run for lk in records),
         shaper="+".join(shapers), backend="remote-ssh", switch=None, shaper_calibration_s=calibration,
-        transport=TCP.label, transport_reason=("--transport auto took tcp: 'testbed remote' carries TCP only"
-                                                if options.transport == "auto" else "asked for"),
+        transport=describe_transport(transport, traces), transport_reason=transport.reason,
+        transport_detail={s: [r.transport_detail for r in ranks] for s, ranks in traces.items() if transport.devices},
         kernel=", ".join(sorted({facts[m.name].kernel for m in chosen})), cpus=cpus,
         oversubscribed=oversubscribed, workers=len(chosen), delay_daemons=daemons,
         options=asdict(options), schedules=summaries, daemon_restarts=0)

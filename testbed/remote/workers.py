@@ -16,12 +16,13 @@ from testbed.remote.replies import KillReply, PortReply
 from testbed.remote.ssh import RemoteError
 from testbed.run.runner import RunError, RunOptions
 from testbed.run.summary import StageLink
+from testbed.run.transport import TransportChoice
 from testbed.util.interrupts import cleanup, raise_if_pending
 from workloads.records import RankTrace, WorkerConfig
 
 
 def run_schedule(fleet: Fleet, schedule: str, options: RunOptions, chosen: list[Machine], links: list[StageLink],
-                 out_dir: Path, run_id: str) -> tuple[list[RankTrace], float]:
+                 out_dir: Path, run_id: str, transport: TransportChoice) -> tuple[list[RankTrace], float]:
     """Rank i on chosen[i]; the traces and logs in out_dir, and the seconds spent fetching them."""
     master = chosen[0]
     port = fleet.agent(master, PortReply, "freeport", master.data_address).port
@@ -38,7 +39,9 @@ def run_schedule(fleet: Fleet, schedule: str, options: RunOptions, chosen: list[
                 link_delay_s=[lk.delay_s for lk in links], link_rate_bps=[lk.rate_bps for lk in links],
                 memory_budget=options.memory_budget, lr=options.lr, seed=options.seed, out_dir=folder,
                 cpu=rank % (facts.env.cpus or 1), timeout_s=max(60.0, options.hang_timeout_s),
-                dump_gradients=options.dump_gradients)
+                dump_gradients=options.dump_gradients, transport=transport.name, rdma_slots=options.rdma_slots,
+                rdma_mtu=transport.path_rdma_mtu, rdma_device=transport.devices[rank].name if transport.devices else "",
+                rdma_gid_index=transport.devices[rank].gid_index if transport.devices else -1)
             local = out_dir / f"worker-{rank}.json"
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_text(json.dumps(config.to_json(), indent=1))

@@ -499,7 +499,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         shaper=backend.state.shaper_name, backend=backend.name,
         switch=backend.state.mininet.switch if backend.state.mininet else None,
         shaper_calibration_s=dict(backend.state.shaper.calibration_s) if backend.state.shaper else {},
-        transport=_describe(transport, traces), transport_reason=transport.reason,
+        transport=describe_transport(transport, traces), transport_reason=transport.reason,
         transport_detail={s: [r.transport_detail for r in ranks] for s, ranks in traces.items() if transport.devices},
         kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed and not dilation.on, dilation=dilation,
         workers=len(hosts), delay_daemons=daemons, options=asdict(options), schedules=summaries,
@@ -530,7 +530,7 @@ def write_run(run_dir: Path, summary: RunSummary, traces: dict[str, list[RankTra
             + ": this run is not lossless (summary.json: lossless_ok false, links[].drops_during_run)")
 
 
-def _describe(choice: TransportChoice, traces: dict[str, list[RankTrace]]) -> str:
+def describe_transport(choice: TransportChoice, traces: dict[str, list[RankTrace]]) -> str:
     """`gloo-tcp`, or `rdma-rc (SoftRoCE, QPs per link 1/2, RDMA MTU 4096)` from what the ranks set up."""
     if choice.kind is not RDMA:
         return choice.kind.label

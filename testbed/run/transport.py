@@ -52,6 +52,11 @@ def rdma_missing(plan: Plan, record: RdmaRecord | None, hosts: list[Node], sched
     lacking = [h.name for h in hosts if record.device_of(h.name) is None]
     if lacking:
         return f"no rxe device on {', '.join(lacking)}"
+    return schedules_missing(schedules)
+
+
+def schedules_missing(schedules: list[str]) -> str:
+    """Why these schedules cannot run over RDMA ('' when they can)."""
     torch = [s for s in schedules if s.startswith("torch-")]
     if torch:
         return f"{', '.join(torch)} call torch.distributed (gloo) directly: RDMA runs our schedules only"
@@ -62,27 +67,38 @@ def path_mtus(plan: Plan, hosts: list[Node]) -> list[int]:
     """Per stage boundary: the RDMA MTU that fits the smallest IP MTU on the way (both hosts' and the links')."""
     result = []
     for a, b in zip(hosts, hosts[1:], strict=False):
-        mtu = min(a.interfaces[0].mtu, b.interfaces[0].mtu)
-        path = plan.paths[a.dc][b.dc] if a.dc != b.dc else [a.dc]
-        for here, nxt in zip(path, path[1:], strict=False):
-            mtu = min(mtu, plan.direction(here, nxt).mtu)
-        result.append(rdma_mtu_for(mtu))
+        result.append(rdma_mtu_for(min(a.interfaces[0].mtu, b.interfaces[0].mtu, path_ip_mtu(plan, a.dc, b.dc))))
     return result
+
+
+def path_ip_mtu(plan: Plan, src_dc: str, dst_dc: str) -> int:
+    """The smallest IP MTU of the OTN links from one DC to another (65535 within a DC)."""
+    mtu = 65535
+    path = plan.paths[src_dc][dst_dc] if src_dc != dst_dc else [src_dc]
+    for here, nxt in zip(path, path[1:], strict=False):
+        mtu = min(mtu, plan.direction(here, nxt).mtu)
+    return mtu
+
+
+def decide(requested: str, missing: str) -> tuple[str, str]:
+    """The rule one machine and several share: `tcp` as asked; `rdma` where nothing is missing, else an error
+    naming it and the routes; `auto` rdma where nothing is missing, else tcp saying why. (key, reason)."""
+    if requested not in CHOICES:
+        raise TransportError(f"unknown --transport {requested!r}; choose one of: {', '.join(CHOICES)}")
+    if requested == TCP.key:
+        return TCP.key, "asked for (--transport tcp)"
+    if missing:
+        if requested == RDMA.key:
+            raise TransportError(f"--transport rdma cannot run: {missing}. Routes: {ROUTES}")
+        return TCP.key, f"--transport auto took tcp: {missing}"
+    return RDMA.key, f"every stage has an rxe device ({requested})"
 
 
 def choose(requested: str, plan: Plan, record: RdmaRecord | None, hosts: list[Node],
            schedules: list[str]) -> TransportChoice:
-    if requested not in CHOICES:
-        raise TransportError(f"unknown --transport {requested!r}; choose one of: {', '.join(CHOICES)}")
-    if requested == TCP.key:
-        return TransportChoice(TCP.key, "asked for (--transport tcp)")
-    missing = rdma_missing(plan, record, hosts, schedules)
-    if missing:
-        if requested == RDMA.key:
-            raise TransportError(f"--transport rdma cannot run: {missing}. Routes: {ROUTES}")
-        return TransportChoice(TCP.key, f"--transport auto took tcp: {missing}")
+    key, reason = decide(requested, "" if requested == TCP.key else rdma_missing(plan, record, hosts, schedules))
+    if key == TCP.key:
+        return TransportChoice(key, reason)
     assert record is not None
     devices = [record.device_of(h.name) for h in hosts]
-    return TransportChoice(RDMA.key, f"every stage has an rxe device ({requested})",
-                           devices=[d for d in devices if d is not None], path_rdma_mtu=path_mtus(plan, hosts))
-
+    return TransportChoice(key, reason, devices=[d for d in devices if d is not None], path_rdma_mtu=path_mtus(plan, hosts))
