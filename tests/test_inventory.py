@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import assert_precise_error
+from paperlab import paper_inventory
 
 from testbed.remote.hostshape import plan_shapes
 from testbed.remote.inventory import InventoryError, load_inventory
@@ -25,19 +26,10 @@ def test_bad_inventory_gives_precise_error(path: Path) -> None:
 
 
 def _good(tmp_path: Path) -> Path:
-    (tmp_path / "id_ed25519").write_text("not read by the loader\n")
-    (tmp_path / "known_hosts").write_text("")
-    inventory = tmp_path / "lab.yaml"
-    inventory.write_text(f"""
-topology: {FIXTURES / 'multihost' / '3dc-lab.yaml'}
-known_hosts: known_hosts
-defaults: {{user: root, key: id_ed25519, nic: data0}}
-hosts:
-  dc-a-h1: {{address: 192.0.2.1, data_address: 10.9.0.1}}
-  dc-b-h1: {{address: node-b.lab, data_address: 10.9.0.2, port: 2222, jump: admin@bastion:22}}
-  dc-c-h1: {{address: 192.0.2.3, data_address: 10.9.0.3, python: /opt/geo/bin/python, accept_new_host_key: true}}
-""")
-    return inventory
+    return paper_inventory(tmp_path, dc_b="address: node-b.lab, data_address: 10.9.0.2, port: 2222, "
+                                          "jump: admin@bastion:22",
+                           dc_c="address: 192.0.2.3, data_address: 10.9.0.3, python: /opt/geo/bin/python, "
+                                "accept_new_host_key: true")
 
 
 def test_good_inventory_maps_machines_with_defaults_and_overrides(tmp_path: Path) -> None:

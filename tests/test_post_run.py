@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from paperlab import paper_inventory
 
 from testbed.run.runner import RunError, check_budget
 from testbed.run.summary import ScheduleSummary
@@ -54,18 +55,7 @@ def _remote_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attempts: list[
     from testbed.run.runner import RunOptions
     from testbed.util.hostload import HostLoad
 
-    (tmp_path / "id_ed25519").write_text("not read\n")
-    (tmp_path / "known_hosts").write_text("")
-    inventory = tmp_path / "lab.yaml"
-    inventory.write_text(f"""
-topology: {ROOT / 'tests' / 'fixtures' / 'multihost' / '3dc-lab.yaml'}
-known_hosts: known_hosts
-defaults: {{user: root, key: id_ed25519, nic: data0}}
-hosts:
-  dc-a-h1: {{address: 192.0.2.1, data_address: 10.9.0.1}}
-  dc-b-h1: {{address: 192.0.2.2, data_address: 10.9.0.2}}
-  dc-c-h1: {{address: 192.0.2.3, data_address: 10.9.0.3}}
-""")
+    inventory = paper_inventory(tmp_path)
     logged: list[str] = []
     made: list[Path] = []
 

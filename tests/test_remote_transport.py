@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from paperlab import paper_inventory
 
 from testbed.plan.builder import build_plan
 from testbed.rdma.probe import ProbeResult
@@ -23,18 +24,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Fleet:
-    (tmp_path / "id_ed25519").write_text("not read\n")
-    (tmp_path / "known_hosts").write_text("")
-    inventory = tmp_path / "lab.yaml"
-    inventory.write_text(f"""
-topology: {FIXTURES / 'multihost' / '3dc-lab.yaml'}
-known_hosts: known_hosts
-defaults: {{user: root, key: id_ed25519, nic: data0}}
-hosts:
-  dc-a-h1: {{address: 192.0.2.1, data_address: 10.9.0.1}}
-  dc-b-h1: {{address: 192.0.2.2, data_address: 10.9.0.2}}
-  dc-c-h1: {{address: 192.0.2.3, data_address: 10.9.0.3}}
-""")
+    inventory = paper_inventory(tmp_path)
     fleet = Fleet(load_inventory(inventory), "t", log=lambda _line: None)
     for m in fleet.inventory.machines:
         fleet.facts[m.name] = HostFacts(m.name, m.dc, m.login, env=EnvReply())
