@@ -30,8 +30,9 @@ from testbed.plan.model import Plan
 from testbed.rdma import softroce
 from testbed.remote.inventory import Inventory
 from testbed.remote.replies import CountersReply, RxeReply
+from testbed.shaping import htb
 from testbed.shaping.delayline import DaemonStats, QueueStats
-from testbed.shaping.htb import BURST_BYTES, QUANTUM_BYTES, ROOT_HANDLE
+from testbed.shaping.htb import ROOT_HANDLE
 
 STATE_DIR = Path("/run/testbed-remote")
 FIRST_CLASS = 0x10
@@ -166,18 +167,12 @@ def apply(shape: HostShape, mode: str) -> Installed:
         if not found:
             raise RuntimeError(f"{shape.host}: no interface {shape.nic!r} (inventory key nic)")
         index = found[0]
-        ipr.tc("add", "htb", index=index, handle=ROOT_HANDLE, default=0, r2q=1000)
+        htb.add_root(ipr, index, default=0)        # traffic to anything else (SSH, same-DC peers) unshaped
         for i, peer in enumerate(shape.egress):
             classid = ROOT_HANDLE | (FIRST_CLASS + i)
-            rate = f"{int(peer.rate_bps)}bit"
-            ipr.tc("add-class", "htb", index=index, handle=classid, parent=ROOT_HANDLE, rate=rate, ceil=rate,
-                   burst=BURST_BYTES, cburst=BURST_BYTES, quantum=QUANTUM_BYTES)
-            leaf = (FIRST_CLASS + i) << 16
-            if mode == "netem":
-                ipr.tc("add", "netem", index=index, handle=leaf, parent=classid, limit=peer.queue_packets,
-                       delay=int(max(0.0, peer.delay_s - shape.subtract_s.get(peer.dc, 0.0)) * 1e6))
-            else:
-                ipr.tc("add", "pfifo", index=index, handle=leaf, parent=classid, limit=peer.queue_packets)
+            netem = ({"delay": int(max(0.0, peer.delay_s - shape.subtract_s.get(peer.dc, 0.0)) * 1e6)}
+                     if mode == "netem" else None)
+            htb.add_class(ipr, index, classid, (FIRST_CLASS + i) << 16, peer.rate_bps, peer.queue_packets, netem)
             for address in peer.addresses:
                 ipr.tc("add-filter", "u32", index=index, parent=ROOT_HANDLE, prio=10, protocol=0x0800,
                        target=classid, keys=[f"0x{_hex(address)}/0xffffffff+16"])
@@ -261,7 +256,6 @@ def counters(testbed: str, host: str) -> CountersReply:
     at most half a second old), from which a run's link timing is the difference."""
     from pyroute2 import IPRoute
 
-    from testbed.shaping import htb
 
     installed = Installed.load(testbed, host)
     if installed is None:

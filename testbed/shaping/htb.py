@@ -47,16 +47,29 @@ class QdiscCounters:
 def apply_rate(ipr: IPRoute, spec: RateSpec) -> None:
     """Install (replacing whatever is there) the HTB tree of `spec` on its interface."""
     index = ipr.link_lookup(ifname=spec.ifname)[0]
-    rate = f"{int(spec.rate_bps)}bit"
     remove_root(ipr, spec.ifname)
-    ipr.tc("add", "htb", index=index, handle=ROOT_HANDLE, default=0x10, r2q=1000)
-    ipr.tc("add-class", "htb", index=index, handle=CLASS_HANDLE, parent=ROOT_HANDLE, rate=rate, ceil=rate,
+    add_root(ipr, index, default=0x10)
+    add_class(ipr, index, CLASS_HANDLE, LEAF_HANDLE, spec.rate_bps, spec.queue_packets,
+              netem=spec.netem if spec.leaf == "netem" else None)
+
+
+def add_root(ipr: IPRoute, index: int, *, default: int) -> None:
+    """The root `1: htb` on interface `index`; unclassified traffic goes to class 1:`default` (0: unshaped)."""
+    ipr.tc("add", "htb", index=index, handle=ROOT_HANDLE, default=default, r2q=1000)
+
+
+def add_class(ipr: IPRoute, index: int, classid: int, leaf_handle: int, rate_bps: float, queue_packets: int,
+              netem: dict[str, Any] | None = None) -> None:
+    """One HTB class under the root (rate = ceil, our burst and quantum) and its leaf: a pfifo of
+    `queue_packets`, or netem with `netem` options and that limit. The one builder of the single machine's and
+    each remote machine's tree."""
+    rate = f"{int(rate_bps)}bit"
+    ipr.tc("add-class", "htb", index=index, handle=classid, parent=ROOT_HANDLE, rate=rate, ceil=rate,
            burst=BURST_BYTES, cburst=BURST_BYTES, quantum=QUANTUM_BYTES)
-    if spec.leaf == "netem":
-        ipr.tc("add", "netem", index=index, handle=LEAF_HANDLE, parent=CLASS_HANDLE,
-               limit=spec.queue_packets, **spec.netem)
+    if netem is not None:
+        ipr.tc("add", "netem", index=index, handle=leaf_handle, parent=classid, limit=queue_packets, **netem)
     else:
-        ipr.tc("add", "pfifo", index=index, handle=LEAF_HANDLE, parent=CLASS_HANDLE, limit=spec.queue_packets)
+        ipr.tc("add", "pfifo", index=index, handle=leaf_handle, parent=classid, limit=queue_packets)
 
 
 def remove_root(ipr: IPRoute, ifname: str) -> None:
