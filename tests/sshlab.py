@@ -21,6 +21,20 @@ SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 MGMT_NIC, DATA_NIC = "mgmt0", "data0"
 
 
+def _unlock_root_in_guest() -> None:
+    """virtme-ng's guest sees /etc through a throwaway overlay whose shadow locks root (`root:!`), and sshd without
+    PAM refuses a locked account even for a key ("User root not allowed because account is locked"). Only inside
+    that guest (TESTBED_IN_VM=1) root's password becomes `*`: no password, key logins allowed; the overlay is gone
+    when the guest exits. The host's /etc/shadow is never touched."""
+    if os.environ.get("TESTBED_IN_VM") != "1":
+        return
+    shadow = Path("/etc/shadow")                 # a file virtme-ng mounts over /etc/shadow: usermod cannot rename
+    lines = shadow.read_text().splitlines()      # onto it, so it is rewritten in place
+    fixed = [":".join(["root", "*", *line.split(":")[2:]]) if line.startswith("root:!") else line for line in lines]
+    if fixed != lines:
+        shadow.write_text("\n".join(fixed) + "\n")
+
+
 @dataclass
 class LabHost:
     name: str
@@ -62,6 +76,7 @@ class SshLab:
         self.root.mkdir(parents=True, exist_ok=True)
         _keygen(self.client_key)
         (self.root / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text())
+        _unlock_root_in_guest()
         if not Path("/run/sshd").exists():       # sshd's privilege-separation directory
             Path("/run/sshd").mkdir(mode=0o755)
             self.created_run_sshd = True

@@ -34,6 +34,9 @@ class FromJson(Protocol):
 
 R = TypeVar("R", bound=FromJson)
 CLOCK_SAMPLES = 8
+TORCH_IMPORT_S = 600
+"""Bound on a command that imports torch (preflight's Python probe, `env`): seconds natively, minutes for three
+machines at once in a TCG guest. Only a failure waits this long."""
 
 
 class CycleError(RuntimeError):
@@ -141,9 +144,12 @@ class Fleet:
             facts.python = m.python or "python3"
             probe = session.run([facts.python, "-c", "import sys, json\ntry:\n import torch; v = torch.__version__\n"
                                  "except ImportError:\n v = None\nprint(json.dumps([sys.version.split()[0], v]))"],
-                                check=False)
+                                check=False, timeout_s=TORCH_IMPORT_S)
             if probe.code != 0:
-                raise RemoteError(m.name, f"{facts.python} does not run: {probe.stderr.strip()[-300:]} "
+                raise RemoteError(m.name, f"{facts.python} does not run (exit {probe.code}"
+                                  + (f", killed by signal {probe.code - 128}" if probe.code > 128 else "")
+                                  + (f": no exit status within {TORCH_IMPORT_S} s" if probe.code < 0 else "")
+                                  + f"): {probe.stderr.strip()[-300:]} "
                                   "(inventory key python, or install python3)")
             version, facts.torch = json.loads(probe.stdout.strip().splitlines()[-1])
             return (f"{'root' if facts.uid == 0 else 'sudo'}, kernel {facts.kernel}, python {version}, "
@@ -179,7 +185,7 @@ class Fleet:
             if missing.code != 0:
                 raise RemoteError(m.name, f"{facts.python} lacks a dependency: {missing.stderr.strip()[-200:]}; "
                                   "install torch, PyYAML, pyroute2 and fabric there (or drop key python to get a venv)")
-            facts.env = self.agent(m, EnvReply, "env", root=True)
+            facts.env = self.agent(m, EnvReply, "env", root=True, timeout_s=TORCH_IMPORT_S)
             facts.shaper = facts.env.shaper
             return (f"{'present' if present else 'copied'} {self.tree_id}, {facts.python}, shaper "
                     f"{facts.shaper}, rxe {'no (' + facts.env.rdma + ')' if facts.env.rdma else 'yes'}, {facts.env.cpus} CPUs")
@@ -259,10 +265,10 @@ def _clock_offset(session: Session) -> tuple[float, float]:
                              "flush=True)"], pty=False)
     best = (0.0, float("inf"))
     try:
-        for _ in range(CLOCK_SAMPLES):
+        for i in range(CLOCK_SAMPLES):
             before = time.time()
-            channel.sendall(b"\n")
-            remote = float(read_line(channel, session.machine.name, 10))
+            channel.sendall(b"\n")     # the first answer waits for the interpreter to start (>10 s in a TCG guest)
+            remote = float(read_line(channel, session.machine.name, 60 if i == 0 else 10))
             after = time.time()
             if (after - before) / 2 < best[1]:
                 best = (remote - (before + after) / 2, (after - before) / 2)

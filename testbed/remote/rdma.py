@@ -98,7 +98,7 @@ def probe(fleet: Fleet, plan: Any, src: Machine, dst: Machine, src_dev: RxeDevic
     server = fleet.agent_channel(dst, "rdma-probe", "serve", "--device", dst_dev.name, "--gid-index",
                                  str(dst_dev.gid_index), "--port", str(port), *common, root=True)
     try:
-        ListeningReply.from_json(json.loads(read_line(server, dst.name, 30)))
+        ListeningReply.from_json(json.loads(read_line(server, dst.name, 60)))
         return fleet.agent(src, ProbeResult, "rdma-probe", "client", "--device", src_dev.name, "--gid-index",
                            str(src_dev.gid_index), "--server", f"{dst.data_address}:{port}", *common, root=True,
                            timeout_s=PROBE_TIMEOUT_S + 30)

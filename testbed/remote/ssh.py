@@ -20,6 +20,10 @@ from fabric import Connection
 from testbed.remote.inventory import Machine
 
 CONNECT_TIMEOUT_S = 5.0
+"""TCP connect: an unreachable machine fails fast."""
+HANDSHAKE_TIMEOUT_S = 60.0
+"""Banner and authentication once connected: a loaded machine (or a TCG guest: 5 s was too little for three
+logins at once) is slow, not wrong."""
 
 
 class RemoteError(RuntimeError):
@@ -61,8 +65,8 @@ class Session:
         self.conn = self._open()
 
     def _connection(self, host: str, user: str | None, port: int, gateway: Connection | None = None) -> Connection:
-        kwargs: dict[str, Any] = {"timeout": self.timeout_s, "banner_timeout": self.timeout_s,
-                                  "auth_timeout": self.timeout_s}
+        kwargs: dict[str, Any] = {"timeout": self.timeout_s, "banner_timeout": HANDSHAKE_TIMEOUT_S,
+                                  "auth_timeout": HANDSHAKE_TIMEOUT_S}
         if self.machine.key:
             kwargs.update(key_filename=str(self.machine.key), look_for_keys=False)
         conn = Connection(host=host, user=user, port=port, connect_kwargs=kwargs, gateway=gateway)
@@ -85,7 +89,10 @@ class Session:
                               f"{self.known_hosts}: refusing to connect (another machine, or a man in the middle). "
                               f"If the machine was reinstalled, check its new key by hand and replace the line "
                               f"(ssh-keygen -R '[{m.address}]:{m.port}' -f {self.known_hosts})") from None
-        except paramiko.AuthenticationException:
+        except paramiko.AuthenticationException as exc:
+            if "timeout" in str(exc).lower():
+                raise RemoteError(m.name, f"{m.address}:{m.port} did not finish authenticating {m.user} within "
+                                  f"{HANDSHAKE_TIMEOUT_S:.0f} s (an overloaded machine?)") from None
             raise RemoteError(m.name, f"authentication failed as {m.user}@{m.address}:{m.port}"
                               + (f" with key {m.key}" if m.key else " (ssh-agent/default keys)")
                               + "; check inventory keys user and key") from None

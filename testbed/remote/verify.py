@@ -74,7 +74,7 @@ def throughput_check(fleet: Fleet, plan: Any, src: Machine, dst: Machine) -> Che
         port = fleet.agent(dst, PortReply, "freeport", dst.data_address).port
         channel = fleet.agent_channel(dst, "sink", dst.data_address, str(port))
         try:
-            ListeningReply.from_json(json.loads(read_line(channel, dst.name, 20)))
+            ListeningReply.from_json(json.loads(read_line(channel, dst.name, 60)))
             fleet.agent(src, SourceReply, "source", dst.data_address, str(port), str(THROUGHPUT_S))
             runs.append(SinkReply.from_json(json.loads(read_line(channel, dst.name, 30))).bps)
         finally:
