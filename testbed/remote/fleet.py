@@ -181,7 +181,10 @@ class Fleet:
                     session.run([f"{venv}/bin/pip", "install", "-q", f"{target}[train]"], timeout_s=1800)
                 facts.python = f"{venv}/bin/python"
             missing = session.run(["env", f"PYTHONPATH={target}", facts.python, "-c",
-                                   "import torch, yaml, pyroute2, fabric"], check=False)
+                                   "import torch, yaml, pyroute2, fabric"], check=False, timeout_s=TORCH_IMPORT_S)
+            if missing.code < 0:
+                raise RemoteError(m.name, f"{facts.python} did not finish importing torch, PyYAML, pyroute2 and "
+                                  f"fabric within {TORCH_IMPORT_S} s")
             if missing.code != 0:
                 raise RemoteError(m.name, f"{facts.python} lacks a dependency: {missing.stderr.strip()[-200:]}; "
                                   "install torch, PyYAML, pyroute2 and fabric there (or drop key python to get a venv)")
