@@ -111,6 +111,44 @@ def plan_shapes(inventory: Inventory, testbed: str) -> dict[str, HostShape]:
 
 # -- on the machine (the agent) ----------------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class IptablesRule:
+    """One rule `apply` added: deleted by the same match with -D."""
+
+    table: str
+    chain: str
+    match: tuple[str, ...]
+
+    def args(self, op: str) -> list[str]:
+        return ["-t", self.table, op, self.chain, *self.match]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | list[str]) -> IptablesRule:
+        if isinstance(data, list):            # an older agent's state file: ["-t", table, chain, match...]
+            return cls(data[1], data[2], tuple(data[3:]))
+        return cls(data["table"], data["chain"], tuple(data["match"]))
+
+
+@dataclass(frozen=True, slots=True)
+class DelayLineFiles:
+    """The delay daemon's files on this machine."""
+
+    config: str
+    stats: str
+    status: str
+    log: str
+
+    @classmethod
+    def in_folder(cls, folder: Path, host: str) -> DelayLineFiles:
+        return cls(*(str(folder / f"{host}.delayline.{x}") for x in ("json", "stats", "status", "log")))
+
+    @classmethod
+    def from_json(cls, data: dict[str, str] | list[str] | None) -> DelayLineFiles | None:
+        if not data:
+            return None
+        return cls(*data) if isinstance(data, list) else cls(**data)   # a list: an older agent's state file
+
+
 @dataclass(slots=True)
 class Installed:
     """What `apply` installed on this machine: read back by `remove` (and by `status`)."""
@@ -123,10 +161,10 @@ class Installed:
     classes: int
     spec: str = ""
     """The HostShape file it was installed from."""
-    rules: list[list[str]] = field(default_factory=list)
-    """iptables arguments (table, chain, match...) of every rule added, to delete them one by one."""
+    rules: list[IptablesRule] = field(default_factory=list)
+    """Every iptables rule added, to delete them one by one."""
     daemon_pid: int | None = None
-    files: list[str] = field(default_factory=list)
+    delay_line: DelayLineFiles | None = None
     rxe: list[str] = field(default_factory=list)
     """rxe devices given to the NIC for the RDMA transport (recorded before each is created)."""
 
@@ -144,7 +182,12 @@ class Installed:
     @classmethod
     def load(cls, testbed: str, host: str) -> Installed | None:
         path = cls.path(testbed, host)
-        return cls(**json.loads(path.read_text())) if path.exists() else None
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        files = data.pop("files", None)                                  # an older agent's state file
+        return cls(**{**data, "rules": [IptablesRule.from_json(r) for r in data.get("rules", [])],
+                      "delay_line": DelayLineFiles.from_json(data.get("delay_line", files))})
 
 
 def rule_comment(testbed: str) -> str:
@@ -185,16 +228,16 @@ def apply(shape: HostShape, mode: str) -> Installed:
 def _start_delay_line(shape: HostShape, installed: Installed) -> None:
     from testbed.shaping.delayline import DaemonConfig, QueueConfig
 
-    folder = Installed.path(shape.testbed, shape.host).parent
-    config, stats, status, log = (folder / f"{shape.host}.delayline.{x}" for x in ("json", "stats", "status", "log"))
+    files = DelayLineFiles.in_folder(Installed.path(shape.testbed, shape.host).parent, shape.host)
     queues = [QueueConfig(queue=i + 1, ifname=shape.nic,
                           delay_s=max(0.0, peer.delay_s - shape.subtract_s.get(peer.dc, 0.0)),
                           maxlen=peer.queue_packets)
               for i, peer in enumerate(shape.ingress)]
-    config.write_text(json.dumps(DaemonConfig(0, queues).to_json()))
-    installed.files = [str(p) for p in (config, stats, status, log)]
+    Path(files.config).write_text(json.dumps(DaemonConfig(0, queues).to_json()))
+    installed.delay_line = files
+    stats, log = Path(files.stats), Path(files.log)
     with open(log, "ab") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "testbed.shaping.supervisor", str(config), str(stats), str(status)],
+        proc = subprocess.Popen([sys.executable, "-m", "testbed.shaping.supervisor", files.config, files.stats, files.status],
                                 stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     installed.daemon_pid = proc.pid
     installed.save()
@@ -205,9 +248,9 @@ def _start_delay_line(shape: HostShape, installed: Installed) -> None:
         time.sleep(0.02)
     for i, peer in enumerate(shape.ingress):
         for address in peer.addresses:
-            rule = ["-t", "raw", "PREROUTING", "-i", shape.nic, "-s", f"{address}/32", "-m", "comment",
-                    "--comment", rule_comment(shape.testbed), "-j", "NFQUEUE", "--queue-num", str(i + 1)]
-            _iptables(["-t", "raw", "-A", *rule[2:]])
+            rule = IptablesRule("raw", "PREROUTING", ("-i", shape.nic, "-s", f"{address}/32", "-m", "comment",
+                                "--comment", rule_comment(shape.testbed), "-j", "NFQUEUE", "--queue-num", str(i + 1)))
+            _iptables(rule.args("-A"))
             installed.rules.append(rule)
             installed.save()
 
@@ -221,9 +264,9 @@ def remove(testbed: str, host: str) -> list[str]:
         return []
     removed = []
     for rule in installed.rules:
-        if _iptables(["-t", rule[1], "-D", *rule[2:]], check=False) == 0:
-            removed.append(f"iptables rule {' '.join(rule[2:])}")
-    if installed.daemon_pid and _is_ours(installed.daemon_pid, installed.files[0] if installed.files else ""):
+        if _iptables(rule.args("-D"), check=False) == 0:
+            removed.append(f"iptables rule {rule.chain} {' '.join(rule.match)}")
+    if installed.daemon_pid and installed.delay_line and _is_ours(installed.daemon_pid, installed.delay_line.config):
         os.kill(installed.daemon_pid, signal.SIGTERM)
         _wait_gone(installed.daemon_pid)
         removed.append(f"delay daemon {installed.daemon_pid}")
@@ -239,7 +282,8 @@ def remove(testbed: str, host: str) -> list[str]:
                          for q in ipr.get_qdiscs(index=found[0])):
             ipr.tc("del", index=found[0], handle=ROOT_HANDLE, root=True)
             removed.append(f"htb on {installed.nic}")
-    for name in [*installed.files, installed.spec]:
+    files = installed.delay_line
+    for name in [*((files.config, files.stats, files.status, files.log) if files else ()), installed.spec]:
         if name:
             Path(name).unlink(missing_ok=True)
     state = Installed.path(testbed, host)
@@ -265,8 +309,8 @@ def counters(testbed: str, host: str) -> CountersReply:
         drops = {q.handle: q.drops for q in htb.read_qdiscs(ipr, installed.nic)}
     egress = {peer.dc: drops.get((FIRST_CLASS + i) << 16, -1) for i, peer in enumerate(shape.egress)}
     reply = CountersReply(egress=egress)
-    if installed.mode == "delayline" and installed.files:
-        stats_file = Path(installed.files[1])
+    if installed.mode == "delayline" and installed.delay_line:
+        stats_file = Path(installed.delay_line.stats)
         stats = DaemonStats.from_json(json.loads(stats_file.read_text())) if stats_file.exists() else None
         for i, peer in enumerate(shape.ingress):
             queue = (stats.queues.get(i + 1) if stats else None) or QueueStats()
