@@ -9,6 +9,7 @@ from testbed.run.placement import PlacementError, place_stages
 from testbed.run.runner import RunError, RunOptions
 from testbed.topology import load_topology
 from testbed.util.paths import shipped_topologies
+from workloads.memory import MemoryBudget
 
 SIX = [("a1", "dc-a"), ("a2", "dc-a"), ("b1", "dc-b"), ("b2", "dc-b"), ("c1", "dc-c"), ("c2", "dc-c")]
 
@@ -43,7 +44,9 @@ def test_options_that_cannot_fill_the_stages_fail_before_bring_up() -> None:
         options.check_stages(3)
     with pytest.raises(RunError, match="--memory-budget: memory budget 'lots'"):
         RunOptions(schedules=["geopipe"], memory_budget="lots")
-    assert RunOptions(schedules=["geopipe"], memory_budget="2KiB").memory_budget == "2048"
+    assert RunOptions(schedules=["geopipe"], memory_budget="2KiB").memory_budget == MemoryBudget(bytes=2048)
+    relative = RunOptions(schedules=["geopipe"], memory_budget="1F1B + 2")      # typed; the summary keeps its text
+    assert relative.memory_budget == MemoryBudget(extra_microbatches=2) and relative.to_json()["memory_budget"] == "1f1b+2"
     out = run_cli("run", "3dc-line", "--stages", "6", "--schedule", "geopipe", check=False)   # no root needed:
     assert out.returncode == 1 and "4 layers cannot fill 6 stages" in out.stderr              # nothing came up
 

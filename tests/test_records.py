@@ -12,6 +12,7 @@ from testbed.state.records import DaemonFiles, MininetRecord, ProcessRecord, Sha
 from testbed.state.store import TestbedState
 from testbed.topology import load_topology
 from testbed.util.paths import shipped_topologies
+from workloads.memory import MemoryBudget
 from workloads.records import IterationRecord, RankTrace, Span, WorkerConfig
 from workloads.schedule import GeoPipeSizing
 
@@ -57,10 +58,10 @@ def test_state_reads_the_extra_records_of_0_1() -> None:
 
 def test_worker_config_and_rank_trace_round_trip() -> None:
     config = WorkerConfig(rank=1, world=2, master_addr="10.0.0.1", master_port=1, schedules=["geopipe"],
-                          link_delay_s=[0.005], link_rate_bps=[1e9], memory_budget="1f1b+1", cpu=1)
+                          link_delay_s=[0.005], link_rate_bps=[1e9], memory_budget=MemoryBudget(extra_microbatches=1), cpu=1)
     assert WorkerConfig.from_json(_through_json(config.to_json())) == config
     old = {**config.to_json(), "memory_budget": 10}                   # 0.2 wrote bytes as a number
-    assert WorkerConfig.from_json(old).memory_budget == "10"
+    assert WorkerConfig.from_json(old).memory_budget == MemoryBudget(bytes=10)
     it = IterationRecord(iteration=1, warmup=False, start=1.0, end=2.0, spans=[Span("F", 0, 1.0, 1.5)],
                          memory=[(1.0, 5)], peak_inflight_bytes=5, loss=3.0, compute_s=0.5, wait_s=0.1)
     trace = RankTrace(config=config, schedule="geopipe", rank=1, iterations=[it], actions=["F0"],

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workloads.hostcpu import HostWindow, WatchGroup
+from workloads.memory import MemoryBudget
 from workloads.schedule import GeoPipeSizing
 from workloads.threadclock import ThreadUsage
 
@@ -95,8 +96,8 @@ class WorkerConfig:
     settings: list[LinkSetting] = field(default_factory=list)
     """Link settings to run every schedule under, interleaved with the schedules (the first is in force at the
     start); traces go to OUT/<label>/<schedule>/. Empty: the links as they are (`link_delay_s`, ...)."""
-    memory_budget: str | None = None
-    """In-flight memory per stage: bytes (`1000000`) or `1f1b+N` (workloads.memory.MemoryBudget)."""
+    memory_budget: MemoryBudget | None = None
+    """In-flight memory per stage (JSON: its text, bytes `1000000` or `1f1b+N`)."""
     unbudgeted: list[str] = field(default_factory=list)
     """Schedules of the run that run without the memory budget."""
     lr: float = 3e-3
@@ -128,11 +129,11 @@ class WorkerConfig:
     """Write this rank's gradients of the last iteration to OUT/grads-rank-<r>.pt (checks against a single
     process; with lr 0 every iteration's gradients are those of the initial weights)."""
 
-    def budget_for(self, schedule: str) -> str | None:
+    def budget_for(self, schedule: str) -> MemoryBudget | None:
         return None if schedule in self.unbudgeted else self.memory_budget
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "memory_budget": None if self.memory_budget is None else self.memory_budget.text}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkerConfig:
@@ -140,7 +141,7 @@ class WorkerConfig:
         budget = data.get("memory_budget")
         known = {k: v for k, v in data.items() if k != "schedule"}
         return cls(**{**known, "schedules": list(data.get("schedules", [data.get("schedule")])),
-                      "memory_budget": None if budget is None else str(budget),
+                      "memory_budget": None if budget is None else MemoryBudget.parse(budget),
                       "model": GPTConfig(**data.get("model", {})),
                       "watch": [WatchGroup.from_json(g) for g in data.get("watch", [])],
                       "settings": [LinkSetting.from_json(x) for x in data.get("settings", [])]})

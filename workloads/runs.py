@@ -48,7 +48,6 @@ class OursRun:
 
         from workloads import schedule as S
         from workloads.executor import StageExecutor
-        from workloads.memory import MemoryBudget
         from workloads.model import build_stages, loss_fn
 
         self.cfg, self.name, self.transport, self.host = cfg, name, transport, host
@@ -57,8 +56,7 @@ class OursRun:
         self.optimizer = torch.optim.AdamW(self.stage.parameters(), lr=cfg.lr)
         self.executor = StageExecutor(self.stage, cfg.rank, cfg.world, transport, activation_shape(cfg),
                                       cfg.microbatches, loss_fn)
-        text = cfg.budget_for(name)
-        self.budget = MemoryBudget.parse(text) if text else None
+        self.budget = cfg.budget_for(name)
         if self.budget is not None and self.budget.bytes is not None:
             self.executor.budget_bytes = self.budget.bytes
         self.data = data_for(cfg)

@@ -4,7 +4,6 @@ per boot id)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from testbed.check.checks import Check
@@ -55,4 +54,4 @@ def remote_summary(fleet: Fleet, run_id: str, plan: Any, chosen: list[Machine], 
         transport_detail={s: [r.transport_detail for r in ranks] for s, ranks in traces.items() if transport.devices},
         kernel=", ".join(sorted({facts[m.name].kernel for m in chosen})), cpus=cpus,
         oversubscribed=oversubscribed, workers=len(chosen), delay_daemons=daemons,
-        options=asdict(options), schedules=summaries, daemon_restarts=0)
+        options=options.to_json(), schedules=summaries, daemon_restarts=0)

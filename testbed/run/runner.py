@@ -104,8 +104,8 @@ class RunOptions:
     iterations: int = 4
     model: GPTConfig = field(default_factory=GPTConfig)
     """The model's shape; a dict of its fields (as JSON gives it) is taken too."""
-    memory_budget: str | None = None
-    """In-flight memory per stage, enforced: bytes (`64MiB`) or relative to 1F1B (`1f1b+2`)."""
+    memory_budget: MemoryBudget | None = None
+    """In-flight memory per stage, enforced: bytes or relative to 1F1B; its text (`64MiB`, `1f1b+2`) is taken too."""
     unbudgeted: list[str] = field(default_factory=list)
     """Schedules of the run that run without `memory_budget` (gpipe cannot fit a 1F1B-relative one)."""
     split: list[int] | None = None
@@ -141,15 +141,19 @@ class RunOptions:
         bad = [s for s in self.schedules if s not in ALL_SCHEDULES]
         if bad or not self.schedules:
             raise RunError(f"unknown schedule {bad[0] if bad else '(none)'!r}; choose from: {', '.join(ALL_SCHEDULES)}")
-        if self.memory_budget is not None:
+        if isinstance(self.memory_budget, str | int):
             try:
-                self.memory_budget = MemoryBudget.parse(str(self.memory_budget), units.parse_size).text
+                self.memory_budget = MemoryBudget.parse(self.memory_budget, units.parse_size)
             except ValueError as exc:
                 raise RunError(f"--memory-budget: {exc}") from None
         if self.comm_priority not in ("normal", "realtime"):
             raise RunError(f"--comm-priority {self.comm_priority!r}: use normal or realtime")
         if self.microbatches < 1 or self.microbatch_size < 1 or self.iterations < 1:
             raise RunError("--microbatches, --microbatch-size and --iterations must be at least 1")
+
+    def to_json(self) -> dict[str, Any]:
+        """As a run's summary records them (the budget as its text)."""
+        return {**asdict(self), "memory_budget": None if self.memory_budget is None else self.memory_budget.text}
 
     def check_stages(self, count: int) -> None:
         """The model must fill `count` stages (PyTorch's multi-stage schedules: twice as many chunks); checked
@@ -502,7 +506,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         transport=describe_transport(transport, traces), transport_reason=transport.reason,
         transport_detail={s: [r.transport_detail for r in ranks] for s, ranks in traces.items() if transport.devices},
         kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed and not dilation.on, dilation=dilation,
-        workers=len(hosts), delay_daemons=daemons, options=asdict(options), schedules=summaries,
+        workers=len(hosts), delay_daemons=daemons, options=options.to_json(), schedules=summaries,
         daemon_restarts=_restarts(shaper) - restarts_before)
     write_run(run_dir, summary, traces, plan, log)
     return run_dir, summary
