@@ -21,18 +21,49 @@ SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 MGMT_NIC, DATA_NIC = "mgmt0", "data0"
 
 
-def _unlock_root_in_guest() -> None:
-    """virtme-ng's guest sees /etc through a throwaway overlay whose shadow locks root (`root:!`), and sshd without
-    PAM refuses a locked account even for a key ("User root not allowed because account is locked"). Only inside
-    that guest (TESTBED_IN_VM=1) root's password becomes `*`: no password, key logins allowed; the overlay is gone
-    when the guest exits. The host's /etc/shadow is never touched."""
+GUEST_PASSWD = Path("/run/testbed-lab-passwd")
+
+
+def _mount_point(path: str) -> bool:
+    return any(line.split()[4] == path for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+def _root_entry(text: str, field: int, value: str, only_if: str = "") -> str:
+    """A passwd-style file's text with one field of root's line replaced (where it starts with `only_if`)."""
+    lines = []
+    for line in text.splitlines():
+        parts = line.split(":")
+        if parts[0] == "root" and parts[field].startswith(only_if):
+            parts[field] = value
+        lines.append(":".join(parts))
+    return "\n".join(lines) + "\n"
+
+
+def _guest_root_login() -> bool:
+    """Only inside virtme-ng's guest (TESTBED_IN_VM=1), root's login as the lab needs it; returns whether
+    /etc/passwd was covered (undone by `_undo_guest_root_login`):
+    - virtme-ng mounts a generated shadow over /etc/shadow (a file in the guest's /run/tmp) that locks root
+      (`root:!`), and sshd without PAM refuses a locked account even for a key ("User root not allowed because
+      account is locked"): in that file root's password becomes `*` (no password, key logins allowed);
+    - bash sources this machine's ~/.bashrc for every SSH command (here pyenv's init: 230 ms a command natively,
+      tens of seconds under TCG with three machines at once), which is this machine's setup, not the lab's: a copy
+      of /etc/passwd with root's shell /bin/sh is mounted over it, in the guest's own mount table.
+    The host's files are never written (the guest's root file system is the host's)."""
     if os.environ.get("TESTBED_IN_VM") != "1":
-        return
-    shadow = Path("/etc/shadow")                 # a file virtme-ng mounts over /etc/shadow: usermod cannot rename
-    lines = shadow.read_text().splitlines()      # onto it, so it is rewritten in place
-    fixed = [":".join(["root", "*", *line.split(":")[2:]]) if line.startswith("root:!") else line for line in lines]
-    if fixed != lines:
-        shadow.write_text("\n".join(fixed) + "\n")
+        return False
+    shadow = Path("/etc/shadow")
+    if _mount_point(str(shadow)):                # virtme-ng's generated file, not the host's
+        shadow.write_text(_root_entry(shadow.read_text(), 1, "*", only_if="!"))
+    if _mount_point("/etc/passwd"):
+        return False
+    GUEST_PASSWD.write_text(_root_entry(Path("/etc/passwd").read_text(), 6, "/bin/sh"))
+    subprocess.run(["mount", "--bind", str(GUEST_PASSWD), "/etc/passwd"], check=True)
+    return True
+
+
+def _undo_guest_root_login() -> None:
+    subprocess.run(["umount", "/etc/passwd"], check=False)
+    GUEST_PASSWD.unlink(missing_ok=True)
 
 
 @dataclass
@@ -55,6 +86,7 @@ class SshLab:
     net: int = 7
     hosts: list[LabHost] = field(default_factory=list)
     created_run_sshd: bool = False
+    covered_passwd: bool = False
 
     @property
     def bridge(self) -> str:
@@ -76,7 +108,7 @@ class SshLab:
         self.root.mkdir(parents=True, exist_ok=True)
         _keygen(self.client_key)
         (self.root / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text())
-        _unlock_root_in_guest()
+        self.covered_passwd = _guest_root_login()
         if not Path("/run/sshd").exists():       # sshd's privilege-separation directory
             Path("/run/sshd").mkdir(mode=0o755)
             self.created_run_sshd = True
@@ -171,6 +203,8 @@ class SshLab:
         if self.created_run_sshd:
             with contextlib.suppress(OSError):
                 Path("/run/sshd").rmdir()
+        if self.covered_passwd:
+            _undo_guest_root_login()
 
 
 def _keygen(path: Path) -> None:

@@ -28,8 +28,7 @@ SMALL = {"microbatches": 4, "microbatch_size": 1, "iterations": 2, "hang_timeout
 
 
 def test_remote_cycle_trains_over_rdma_between_machines_and_leaves_no_rxe(lab: SshLab, tmp_path: Path) -> None:  # noqa: F811
-    lines: list[str] = []
-    cycle = Cycle(load_inventory(_inventory(lab)), "mh-rdma", tmp_path, log=lines.append)
+    cycle = Cycle(load_inventory(_inventory(lab)), "mh-rdma", tmp_path, log=lambda line: print(line, flush=True))
     names = [softroce.device_name("mh-rdma", i) for i in range(3)]
     times: dict[str, dict[str, float]] = {}
     try:
@@ -50,7 +49,6 @@ def test_remote_cycle_trains_over_rdma_between_machines_and_leaves_no_rxe(lab: S
     finally:
         failures = cycle.teardown()
         cycle.close()
-    print("\n".join(lines))
     print("step times (s):", json.dumps(times, indent=1))
     assert not failures
     rdma, tcp = summaries["rdma"], summaries["tcp"]

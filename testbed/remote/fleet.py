@@ -140,8 +140,8 @@ class Fleet:
                 raise RemoteError(m.name, f"{m.user} is not root and has no passwordless sudo: shaping needs root")
             facts.kernel = session.run(["uname", "-r"]).stdout.strip()
             facts.home = session.run(["printenv", "HOME"]).stdout.strip()
-            facts.clock_offset_s, facts.clock_uncertainty_s = _clock_offset(session)
             facts.python = m.python or "python3"
+            facts.clock_offset_s, facts.clock_uncertainty_s = _clock_offset(session, facts.python)
             probe = session.run([facts.python, "-c", "import sys, json\ntry:\n import torch; v = torch.__version__\n"
                                  "except ImportError:\n v = None\nprint(json.dumps([sys.version.split()[0], v]))"],
                                 check=False, timeout_s=TORCH_IMPORT_S)
@@ -261,10 +261,10 @@ def read_line(channel: Any, machine: str, timeout_s: float) -> str:
     return buffer.split(b"\n", 1)[0].decode()
 
 
-def _clock_offset(session: Session) -> tuple[float, float]:
+def _clock_offset(session: Session, python: str) -> tuple[float, float]:
     """The machine's clock minus ours, NTP-style: over one channel, the sample with the shortest round trip
-    (offset = remote - midpoint, uncertainty = half that round trip)."""
-    channel = session.start(["python3", "-c", "import sys, time\nfor _ in sys.stdin: print(repr(time.time()), "
+    (offset = remote - midpoint, uncertainty = half that round trip); `python` is the machine's interpreter."""
+    channel = session.start([python, "-c", "import sys, time\nfor _ in sys.stdin: print(repr(time.time()), "
                              "flush=True)"], pty=False)
     best = (0.0, float("inf"))
     try:
