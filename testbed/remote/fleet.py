@@ -180,11 +180,15 @@ class Fleet:
                     session.run(["python3", "-m", "venv", "--system-site-packages", venv], timeout_s=300)
                     session.run([f"{venv}/bin/pip", "install", "-q", f"{target}[train]"], timeout_s=1800)
                 facts.python = f"{venv}/bin/python"
-            missing = session.run(["env", f"PYTHONPATH={target}", facts.python, "-c",
-                                   "import torch, yaml, pyroute2, fabric"], check=False, timeout_s=TORCH_IMPORT_S)
+            # torch is imported only where preflight did not already import it with this interpreter (its import
+            # is the slow one: minutes for three machines at once in a TCG guest)
+            modules = ["yaml", "pyroute2", "fabric"] if facts.torch and facts.python == (m.python or "python3") \
+                else ["torch", "yaml", "pyroute2", "fabric"]
+            missing = session.run(["env", f"PYTHONPATH={target}", facts.python, "-c", f"import {', '.join(modules)}"],
+                                  check=False, timeout_s=TORCH_IMPORT_S)
             if missing.code < 0:
-                raise RemoteError(m.name, f"{facts.python} did not finish importing torch, PyYAML, pyroute2 and "
-                                  f"fabric within {TORCH_IMPORT_S} s")
+                raise RemoteError(m.name, f"{facts.python} did not finish importing {', '.join(modules)} "
+                                  f"within {TORCH_IMPORT_S} s")
             if missing.code != 0:
                 raise RemoteError(m.name, f"{facts.python} lacks a dependency: {missing.stderr.strip()[-200:]}; "
                                   "install torch, PyYAML, pyroute2 and fabric there (or drop key python to get a venv)")
