@@ -74,10 +74,10 @@ vm-test: install
 		--junitxml=results/vm/junit-vm.xml tests/test_vm.py tests/test_vm_rdma.py
 
 # The SSH lab inside the stock kernel: `testbed remote`'s cycle trains over RDMA between "machines" (rxe per
-# namespace) and over TCP, and leaves no rxe device. Not in vm-test: under TCG it has not passed yet (each try
-# found a slower step: root locked in the guest, torch imports, SSH auth; playbooks/README "Tested where").
+# namespace) and over TCP, and leaves no rxe device. Not in vm-test: under TCG on 2 cores it takes about an hour
+# (playbooks/README "Tested where").
 vm-test-remote: install
-	$(TESTBED) vm --timeout 3600 --memory 4G --out results/vm -- $(PY) -m pytest -p no:cacheprovider -m vm -s \
+	$(TESTBED) vm --timeout 5400 --memory 4G --out results/vm -- $(PY) -m pytest -p no:cacheprovider -m vm -s \
 		--junitxml=results/vm/junit-vm-remote.xml tests/test_vm_remote_rdma.py
 
 # The same experiment on real machines over SSH: preflight -> provision -> shape -> verify -> run -> collect ->

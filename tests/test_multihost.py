@@ -55,9 +55,10 @@ def _inventory(lab: SshLab, **host_overrides: dict) -> Path:
     return path
 
 
-def _nothing_left(lab: SshLab, testbed: str) -> None:
-    """Only the lab's own sshd listeners run in the machines; no qdisc, rule, state file or run folder remains."""
-    deadline = time.monotonic() + 5
+def _nothing_left(lab: SshLab, testbed: str, wait_s: float = 5.0) -> None:
+    """Only the lab's own sshd listeners run in the machines (the cycle's closed sessions given `wait_s` to end);
+    no qdisc, rule, state file or run folder remains."""
+    deadline = time.monotonic() + wait_s
     while True:
         others = [p for p in lab.processes() if b"[listener]" not in _cmdline(p)]
         if not others or time.monotonic() > deadline:

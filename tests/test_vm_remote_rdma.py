@@ -25,9 +25,15 @@ pytestmark = [pytest.mark.vm, pytest.mark.skipif(_unsupported_here() is not None
 # Under TCG torch computes ~100x slower than natively: a small model (3 stages of one 32-wide layer).
 SMALL = {"microbatches": 4, "microbatch_size": 1, "iterations": 2, "hang_timeout_s": 600, "memory_budget": "1f1b+1",
          "model": {"n_layer": 3, "n_embd": 32, "n_head": 2, "block_size": 16}}
+# Each schedule is one launch of three workers (three torch imports, minutes each under TCG): the baseline only.
+SCHEDULES = ["1f1b"]
 
 
-def test_remote_cycle_trains_over_rdma_between_machines_and_leaves_no_rxe(lab: SshLab, tmp_path: Path) -> None:  # noqa: F811
+def test_remote_cycle_trains_over_rdma_between_machines_and_leaves_no_rxe(lab: SshLab, tmp_path: Path,  # noqa: F811
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under TCG every attempt is disturbed (the guest's clock and CPU are emulated): a repeat would measure nothing
+    # new and cost three more torch imports, so each schedule is measured once here.
+    monkeypatch.setattr("testbed.run.attempts.MAX_REPEATS", 0)
     cycle = Cycle(load_inventory(_inventory(lab)), "mh-rdma", tmp_path, log=lambda line: print(line, flush=True))
     names = [softroce.device_name("mh-rdma", i) for i in range(3)]
     times: dict[str, dict[str, float]] = {}
@@ -39,7 +45,7 @@ def test_remote_cycle_trains_over_rdma_between_machines_and_leaves_no_rxe(lab: S
         summaries, verified = {}, {}
         for transport in ("tcp", "rdma"):
             start = time.monotonic()
-            run_dir, summary = cycle.run(RunOptions(schedules=["1f1b", "geopipe"], transport=transport, **SMALL),
+            run_dir, summary = cycle.run(RunOptions(schedules=SCHEDULES, transport=transport, **SMALL),
                                          run_id=f"run-{transport}")
             times[transport] = {"run_s": time.monotonic() - start,
                                 **{s.schedule: s.step_time_s for s in summary.schedules}}
@@ -63,4 +69,4 @@ def test_remote_cycle_trains_over_rdma_between_machines_and_leaves_no_rxe(lab: S
         assert math.isfinite(b["loss_first"])                            # RDMA carried the same tensors
         assert b["loss_first"] == pytest.approx(a["loss_first"], rel=1e-4) and b["budget_ok"]
     assert not any(softroce.exists(n) for n in names)
-    _nothing_left(lab, "mh-rdma")
+    _nothing_left(lab, "mh-rdma", wait_s=120)   # under TCG sshd took over 5 s to end the closed sftp session
