@@ -65,6 +65,14 @@ class HostShape:
     subtract_s: dict[str, float] = field(default_factory=dict)
     """Per source DC: the real network's own one-way latency, measured unshaped, taken off the hold."""
 
+    def hold_s(self, peer: PeerDirection) -> float:
+        """The delay this machine adds for `peer`: its planned delay less the network's own."""
+        return max(0.0, peer.delay_s - self.subtract_s.get(peer.dc, 0.0))
+
+    def delay_towards(self, dc: str) -> float:
+        """The planned one-way delay from this machine to `dc`."""
+        return next(p.delay_s for p in self.egress if p.dc == dc)
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -213,7 +221,7 @@ def apply(shape: HostShape, mode: str) -> Installed:
         htb.add_root(ipr, index, default=0)        # traffic to anything else (SSH, same-DC peers) unshaped
         for i, peer in enumerate(shape.egress):
             classid = ROOT_HANDLE | (FIRST_CLASS + i)
-            netem = ({"delay": int(max(0.0, peer.delay_s - shape.subtract_s.get(peer.dc, 0.0)) * 1e6)}
+            netem = ({"delay": int(shape.hold_s(peer) * 1e6)}
                      if mode == "netem" else None)
             htb.add_class(ipr, index, classid, (FIRST_CLASS + i) << 16, peer.rate_bps, peer.queue_packets, netem)
             for address in peer.addresses:
@@ -230,7 +238,7 @@ def _start_delay_line(shape: HostShape, installed: Installed) -> None:
 
     files = DelayLineFiles.in_folder(Installed.path(shape.testbed, shape.host).parent, shape.host)
     queues = [QueueConfig(queue=i + 1, ifname=shape.nic,
-                          delay_s=max(0.0, peer.delay_s - shape.subtract_s.get(peer.dc, 0.0)),
+                          delay_s=shape.hold_s(peer),
                           maxlen=peer.queue_packets)
               for i, peer in enumerate(shape.ingress)]
     Path(files.config).write_text(json.dumps(DaemonConfig(0, queues).to_json()))

@@ -5,20 +5,24 @@ machine trims its delay lines; or the shaping an earlier `up` left, attached to.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from testbed.plan.builder import build_plan
 from testbed.remote.fleet import Fleet
-from testbed.remote.hostshape import HostShape, path_of, plan_shapes
+from testbed.remote.hostshape import HostShape, plan_shapes
 from testbed.remote.inventory import Machine
 from testbed.remote.replies import CountersReply, RemovedReply, RttReply, ShapeReply
 from testbed.remote.ssh import RemoteError
-from testbed.shaping.calibrate import outvoted
+from testbed.shaping.calibrate import agreed
 from testbed.shaping.delayline_shaper import TRIM_AGREE_S
 from testbed.util import units
+
+if TYPE_CHECKING:
+    from testbed.probe.latency import LatencySample
 
 TRIM_LIMIT_S = 0.5e-3
 """A round trip off by more than this is not trimmed: verify judges it (a missing or doubled delay stays visible)."""
@@ -38,13 +42,12 @@ def shape_machines(fleet: Fleet) -> dict[str, HostShape]:
         subtract = {}
         for dc, peer in firsts.items():
             if dc != m.dc:
-                sample = fleet.agent(m, RttReply, "rtt", peer.data_address, "--count", "10", root=True).sample()
+                sample = _round_trip(fleet, m, peer)
                 if sample.lost or not sample.values_s:
                     raise RemoteError(m.name, f"no answer from {peer.name} ({peer.data_address}) over {m.nic}: "
                                       "the data network does not connect them (inventory keys nic, data_address)")
                 subtract[dc] = sample.median_s / 2
-        shape = planned[m.name]
-        shapes[m.name] = HostShape(shape.testbed, shape.host, shape.nic, shape.egress, shape.ingress, subtract)
+        shapes[m.name] = dataclasses.replace(planned[m.name], subtract_s=subtract)
         return "unshaped one-way " + ", ".join(f"{dc} {units.format_time(s)}" for dc, s in subtract.items())
 
     def install(m: Machine) -> str:
@@ -59,14 +62,14 @@ def shape_machines(fleet: Fleet) -> dict[str, HostShape]:
                           for p in shapes[m.name].egress)
         return f"{installed.mode} on {m.nic}: towards {peers}"
 
-    plan = build_plan(fleet.inventory.topology, fleet.testbed)
     excess: dict[str, dict[str, float]] = {}
 
     def measure(m: Machine) -> str:     # every pair read before any machine is trimmed (both ends take half)
         excess[m.name] = {}
         for dc, peer in firsts.items():
             if dc != m.dc:
-                excess[m.name][dc] = _excess(fleet, m, peer, path_of(plan, m.dc, dc)[0] + path_of(plan, dc, m.dc)[0])
+                planned_s = shapes[m.name].delay_towards(dc) + shapes[peer.name].delay_towards(m.dc)
+                excess[m.name][dc] = _excess(fleet, m, peer, planned_s)
         return "round trip through the holds " + ", ".join(f"{dc} {x * 1e6:+.0f} us" for dc, x in excess[m.name].items())
 
     def trim(m: Machine) -> str:
@@ -75,7 +78,7 @@ def shape_machines(fleet: Fleet) -> dict[str, HostShape]:
         if not cut:
             return "holds kept"
         subtract = {dc: max(0.0, s + cut.get(dc, 0.0)) for dc, s in shape.subtract_s.items()}
-        shapes[m.name] = HostShape(shape.testbed, shape.host, shape.nic, shape.egress, shape.ingress, subtract)
+        shapes[m.name] = dataclasses.replace(shape, subtract_s=subtract)
         return install(m) + "; holds corrected by " + ", ".join(f"{dc} {c * 1e6:+.0f} us" for dc, c in cut.items())
 
     fleet.each("shape", unshape)
@@ -90,10 +93,14 @@ def _excess(fleet: Fleet, m: Machine, peer: Machine, want_s: float) -> float:
     """The round trip m -> peer through the holds less the planned one; two readings more than TRIM_AGREE_S apart
     are outvoted by a third (the single machine's rule)."""
     def read() -> float:
-        return fleet.agent(m, RttReply, "rtt", peer.data_address, "--count", "10", root=True).sample().median_s - want_s
+        return _round_trip(fleet, m, peer).median_s - want_s
 
-    first, second = read(), read()
-    return second if abs(second - first) <= TRIM_AGREE_S else outvoted(first, second, read)
+    return agreed(read(), read(), read, TRIM_AGREE_S)
+
+
+def _round_trip(fleet: Fleet, m: Machine, peer: Machine) -> LatencySample:
+    """Ten pings from `m` to `peer`'s data address, by `m`'s agent."""
+    return fleet.agent(m, RttReply, "rtt", peer.data_address, "--count", "10", root=True).sample()
 
 
 def attach(fleet: Fleet) -> dict[str, HostShape]:

@@ -61,6 +61,11 @@ def outvoted(first_s: float, second_s: float, third: Callable[[], float]) -> flo
     return statistics.median((first_s, second_s, third()))
 
 
+def agreed(first_s: float, second_s: float, third: Callable[[], float], agree_s: float) -> float:
+    """The later of two readings of one excess that agree within `agree_s`; otherwise `outvoted` decides."""
+    return second_s if abs(second_s - first_s) <= agree_s else outvoted(first_s, second_s, third)
+
+
 def base_one_way(backend: Backend, installed_hold_s: float = 0.0) -> dict[str, float]:
     """Per OTN direction (by label): median one-way latency minus the hold the shaper has installed."""
     return {d.label: excess_one_way(backend, d, installed_hold_s) for d in backend.state.plan.directions}

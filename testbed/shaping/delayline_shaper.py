@@ -21,7 +21,7 @@ from testbed.backends import nsfs
 from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb, nfqueue
 from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError
-from testbed.shaping.calibrate import CALIBRATION_HOLD_S, base_one_way, excess_one_way, outvoted
+from testbed.shaping.calibrate import CALIBRATION_HOLD_S, agreed, base_one_way, excess_one_way
 from testbed.shaping.delayline import DaemonConfig, DaemonStats, QueueConfig, Timing
 from testbed.shaping.supervisor import SupervisorStatus
 from testbed.state.records import DaemonFiles, ProcessRecord
@@ -157,9 +157,8 @@ class DelaylineShaper(Shaper):
                 hold = d.delay_s - record.calibration_s[d.label]
                 before = self._fresh_counters(node).get(d.label, (0, 0.0))
                 first = record.calibration_s[d.label]
-                excess = excess_one_way(self.backend, d, hold)
-                if abs(excess - first) > TRIM_AGREE_S:
-                    excess = outvoted(first, excess, lambda d=d, hold=hold: excess_one_way(self.backend, d, hold))
+                excess = agreed(first, excess_one_way(self.backend, d, hold),
+                                lambda d=d, hold=hold: excess_one_way(self.backend, d, hold), TRIM_AGREE_S)
                 after = self._fresh_counters(node).get(d.label, (0, 0.0))
                 if after[0] > before[0]:
                     record.release_error_s[d.label] = (after[1] - before[1]) / (after[0] - before[0])
