@@ -4,6 +4,7 @@ steps with the VM tier running after a host failure, a timeout on every long ste
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,59 @@ def test_every_job_runs_both_tiers_and_keeps_their_results() -> None:
         upload = next(s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact@"))
         assert upload["if"].replace(" ", "") == "${{!cancelled()}}" and upload["with"]["path"] == "results/"
         assert any(str(s.get("uses", "")).startswith("actions/cache@") for s in steps), name
+
+
+# upload-artifact@v4+ refuses a name with any of these (its validation of artifact names)
+ARTIFACT_NAME_FORBIDDEN = ('"', ":", "<", ">", "|", "*", "?", "\r", "\n", "\\", "/")
+
+
+def matrix_entries(job: dict) -> list[dict[str, object]]:
+    """A job's matrix as GitHub expands it: the product of its list-valued keys, less `exclude`, then each `include`
+    entry extends the combinations it matches (without overwriting their own values) or adds one of its own."""
+    matrix = dict(job.get("strategy", {}).get("matrix", {}))
+    include, exclude = matrix.pop("include", []), matrix.pop("exclude", [])
+    entries: list[dict[str, object]] = [{}]
+    for key, values in matrix.items():
+        entries = [{**entry, key: value} for entry in entries for value in values]
+    entries = [e for e in entries if not any(all(e.get(k) == v for k, v in ex.items()) for ex in exclude)]
+    if entries == [{}] and include:
+        entries = []
+    for extra in include:
+        matched = [e for e in entries if all(e.get(k, v) == v for k, v in extra.items() if k in matrix)] if matrix else []
+        for entry in matched:
+            entry.update({k: v for k, v in extra.items() if k not in matrix})
+        if not matched:
+            entries.append(dict(extra))
+    return entries or [{}]
+
+
+def with_matrix(text: str, entry: dict[str, object]) -> str:
+    """`text` with every ${{ matrix.KEY }} replaced by the entry's value; any other expression is left as it is."""
+    return re.sub(r"\$\{\{\s*matrix\.([A-Za-z0-9_-]+)\s*\}\}", lambda m: str(entry[m.group(1)]), text)
+
+
+def test_matrix_expansion_follows_githubs_rules() -> None:
+    job = {"strategy": {"matrix": {"os": ["a", "b"], "py": [1, 2], "exclude": [{"os": "b", "py": 2}],
+                                   "include": [{"os": "a", "extra": "x"}, {"os": "c", "py": 3}]}}}
+    assert matrix_entries(job) == [{"os": "a", "py": 1, "extra": "x"}, {"os": "a", "py": 2, "extra": "x"},
+                                   {"os": "b", "py": 1}, {"os": "c", "py": 3}]
+    assert matrix_entries({"strategy": {"matrix": {"include": [{"image": "d:12", "slug": "d-12"}]}}}) == [
+        {"image": "d:12", "slug": "d-12"}]
+    assert with_matrix("results-${{ matrix.image }}", {"image": "debian:12"}) == "results-debian:12"
+
+
+def test_every_artifact_name_is_one_upload_artifact_accepts() -> None:
+    """`results-${{ matrix.image }}` with image debian:12 failed the upload: every matrix entry's name is checked."""
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    names = []
+    for job_name, job in doc["jobs"].items():
+        for step in job["steps"]:
+            if not str(step.get("uses", "")).startswith("actions/upload-artifact@"):
+                continue
+            for entry in matrix_entries(job):
+                name = with_matrix(step["with"]["name"], entry)
+                assert "${{" not in name, f"{job_name}: cannot evaluate {name!r} here; keep artifact names to matrix values"
+                bad = [c for c in ARTIFACT_NAME_FORBIDDEN if c in name]
+                assert not bad, f"{job_name}: artifact name {name!r} has {bad}, which upload-artifact refuses"
+                names.append(name)
+    assert names and len(names) == len(set(names)), f"artifact names must exist and differ per job and entry: {names}"
