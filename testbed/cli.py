@@ -392,7 +392,13 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_apparatus_args(p: argparse.ArgumentParser) -> None:
-    """How the testbed keeps its own cost off the measurement (make bench-overhead compares the choices)."""
+    """How the testbed keeps its own cost off the measurement (make bench-overhead compares the choices), and
+    where the compute comes from."""
+    p.add_argument("--compute", default="real", metavar="real|replay[:FILE]|PROFILE",
+                   help="real: the model's arithmetic on this CPU (default); replay: every F and B becomes a wait of "
+                        "the time the real model took here, profiled at the start (saved as compute.json); "
+                        "replay:results/<id>/compute.json: a saved table, on any machine; PROFILE: a deployment "
+                        "profile (profiles/, e.g. gpt-7b-h100) with its messages scaled by each link's rate scale")
     p.add_argument("--dilation", default=DILATION,
                    help="time dilation (DieCast): off, auto (each worker capped so that the workers leave a reserve of "
                         "the cores to the delay daemons and I/O threads; k = workers / (cores - reserve)) or a factor "
@@ -408,7 +414,7 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
         memory_budget=args.memory_budget, stages=args.stages, placement=args.placement,
         hang_timeout_s=args.hang_timeout, lr=args.lr, seed=args.seed, dump_gradients=args.dump_gradients,
-        transport=args.transport, rdma_slots=args.rdma_slots, dilation=args.dilation)
+        transport=args.transport, rdma_slots=args.rdma_slots, dilation=args.dilation, compute=args.compute)
 
 
 def build_parser() -> argparse.ArgumentParser:

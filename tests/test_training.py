@@ -40,7 +40,7 @@ def _pipeline_grads(name: str, stages: int, m: int, mbs: int, geo: S.GeoPipeSizi
 
     def run(r: int) -> None:
         try:
-            ex = StageExecutor(modules[r], r, stages, LocalTransport(hub, r), (mbs, CFG.block_size, CFG.n_embd), m,
+            ex = StageExecutor.arithmetic(modules[r], r, stages, LocalTransport(hub, r), (mbs, CFG.block_size, CFG.n_embd), m,
                                loss_fn)
             ex.run(sched[r], xs if r == 0 else None, ys if r == stages - 1 else None)
         except Exception as exc:  # noqa: BLE001
@@ -109,7 +109,7 @@ def _run_tiny(name: str, budget: int | None = None) -> list:
 
     def run(r: int) -> None:
         try:
-            ex = StageExecutor(modules[r], r, stages, LocalTransport(hub, r), (2, 8), m,
+            ex = StageExecutor.arithmetic(modules[r], r, stages, LocalTransport(hub, r), (2, 8), m,
                                lambda out, y: torch.nn.functional.mse_loss(out, y))
             ex.budget_bytes = budget
             traces[r] = ex.run(sched[r], xs if r == 0 else None, ys if r == stages - 1 else None)

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from workloads.memory import BudgetExceeded
 from workloads.records import Span
 from workloads.schedule import Action, Op
+from workloads.stagecompute import Arithmetic, Interval, Stashed, Timed
 from workloads.threadclock import ThreadClock, ThreadTimes
 from workloads.transport import Transport, Work
 
@@ -55,132 +55,134 @@ class IterationTrace:
 
 
 class StageExecutor:
-    """Executes schedules for one pipeline stage."""
+    """Executes schedules for one pipeline stage: one handler per kind of action, the stage's F and B done by
+    `compute` (the model's arithmetic, or time from a cost table: workloads/stagecompute.py)."""
 
-    def __init__(self, stage: nn.Module, rank: int, stages: int, transport: Transport,
-                 activation_shape: tuple[int, ...], microbatches: int,
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        self.stage, self.rank, self.stages = stage, rank, stages
-        self.transport, self.shape, self.m = transport, activation_shape, microbatches
-        self.loss_fn = loss_fn
+    def __init__(self, compute: Arithmetic | Timed, rank: int, stages: int, transport: Transport,
+                 microbatches: int) -> None:
+        self.compute, self.rank, self.stages = compute, rank, stages
+        self.transport, self.m = transport, microbatches
         self.clock = time.monotonic
-        self.act_bytes = int(torch.Size(activation_shape).numel()) * 4
+        self.act_bytes = compute.activation_bytes
+        """Bytes of one activation (or gradient) message as the memory budget counts it."""
         self.budget_bytes: int | None = None
         """In-flight bytes this stage may hold (None: no budget)."""
-        self.param_storages = {p.untyped_storage().data_ptr() for p in stage.parameters()}
+        self.handlers: dict[Op, Callable[[_Iteration, Action], None]] = {
+            Op.RECV_F: self._recv_f, Op.RECV_B: self._recv_b, Op.FORWARD: self._forward,
+            Op.SEND_F: self._send_f, Op.BACKWARD: self._backward, Op.SEND_B: self._send_b}
+
+    @classmethod
+    def arithmetic(cls, stage: torch.nn.Module, rank: int, stages: int, transport: Transport,
+                   activation_shape: tuple[int, ...], microbatches: int,
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> StageExecutor:
+        """An executor that runs `stage`'s own forward and backward (real compute)."""
+        return cls(Arithmetic(stage, rank, stages, activation_shape, microbatches, loss_fn), rank, stages, transport,
+                   microbatches)
 
     def run(self, actions: list[Action], inputs: list[torch.Tensor] | None,
             targets: list[torch.Tensor] | None) -> IterationTrace:
         clock = ThreadClock()           # opened on the thread that runs the actions (its schedstat is read)
-        begin = clock.now()
-        trace = IterationTrace(start=begin.wall)
-
-        def span(kind: str, mb: int, t0: ThreadTimes) -> None:
-            t1 = clock.now()
-            trace.spans.append(Span(kind, mb, t0.wall, t1.wall, t1.cpu - t0.cpu, t1.runq - t0.runq))
-        recv_f: dict[int, tuple[torch.Tensor, Work]] = {}
-        recv_b: dict[int, tuple[torch.Tensor, Work]] = {}
-        stash: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}   # mb -> (input, output-or-loss, bytes)
-        sends: list[tuple[Work, torch.Tensor]] = []
-        inflight = 0
-        losses = []
-
-        def account(delta: int) -> None:
-            nonlocal inflight
-            inflight += delta
-            trace.memory.append((self.clock(), inflight))
-            trace.peak_inflight_bytes = max(trace.peak_inflight_bytes, inflight)
-            if self.budget_bytes is not None and inflight > self.budget_bytes:
-                raise BudgetExceeded(f"stage {self.rank} holds {inflight} B in flight, over its memory budget of "
-                                     f"{self.budget_bytes} B (after {a})")
-
-        for a in actions:
-            if a.op is Op.RECV_F:
-                buf = torch.empty(self.shape)
-                recv_f[a.mb] = (buf, self.transport.irecv(buf, self.rank - 1, tag_of("F", a.mb)))
-                account(self.act_bytes)
-            elif a.op is Op.RECV_B:
-                buf = torch.empty(self.shape)
-                recv_b[a.mb] = (buf, self.transport.irecv(buf, self.rank + 1, tag_of("B", a.mb)))
-                account(self.act_bytes)
-            elif a.op is Op.FORWARD:
-                if self.rank > 0:
-                    buf, work = recv_f.pop(a.mb)
-                    t0 = clock.now()
-                    work.wait()
-                    span("wait-F", a.mb, t0)
-                    x = buf.requires_grad_()
-                    account(-self.act_bytes)
-                else:
-                    assert inputs is not None
-                    x = inputs[a.mb]
-                outside = {t.untyped_storage().data_ptr() for t in (
-                    inputs[a.mb] if self.rank == 0 and inputs else None,
-                    targets[a.mb] if self.rank == self.stages - 1 and targets else None) if t is not None}
-                saved = _SavedBytes(self.param_storages | outside)   # weights and the data batch are not in flight
-                t0 = clock.now()
-                with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-                    out = self.stage(x)
-                    if self.rank == self.stages - 1:
-                        assert targets is not None
-                        out = self.loss_fn(out, targets[a.mb]) / self.m
-                span("F", a.mb, t0)
-                saved.pack(x)           # a received input is kept for the backward (its gradient goes back)
-                saved.pack(out)         # and the output whose graph the backward runs, even if not saved
-                stash[a.mb] = (x, out, saved.total)
-                trace.stash_bytes.append(saved.total)
-                account(saved.total)
-                if self.rank == self.stages - 1:
-                    losses.append(out.item() * self.m)
-            elif a.op is Op.SEND_F:
-                payload = stash[a.mb][1].detach().contiguous()
-                sends.append((self.transport.isend(payload, self.rank + 1, tag_of("F", a.mb)), payload))
-            elif a.op is Op.BACKWARD:
-                x, out, held = stash.pop(a.mb)
-                if self.rank < self.stages - 1:
-                    grad, work = recv_b.pop(a.mb)
-                    t0 = clock.now()
-                    work.wait()
-                    span("wait-B", a.mb, t0)
-                    t0 = clock.now()
-                    torch.autograd.backward(out, grad)
-                else:
-                    t0 = clock.now()
-                    out.backward()
-                span("B", a.mb, t0)
-                account(-held - (self.act_bytes if self.rank < self.stages - 1 else 0))
-                stash[a.mb] = (x, out, 0)
-            elif a.op is Op.SEND_B:
-                x = stash.pop(a.mb)[0]
-                payload = x.grad.contiguous()
-                sends.append((self.transport.isend(payload, self.rank - 1, tag_of("B", a.mb)), payload))
-        t0 = clock.now()
-        for work, _ in sends:
-            work.wait()
-        if sends:
-            span("wait-send", -1, t0)
-        end = clock.now()
-        clock.close()
+        try:
+            begin = clock.now()
+            it = _Iteration(clock, IterationTrace(start=begin.wall), inputs, targets)
+            self.compute.start_iteration(begin.wall)
+            for a in actions:
+                it.action = a
+                self.handlers[a.op](it, a)
+            t0 = clock.now()
+            for work, _ in it.sends:
+                work.wait()
+            if it.sends:
+                it.span("wait-send", -1, t0)
+            end = clock.now()
+        finally:
+            clock.close()
+        trace = it.trace
         trace.end, trace.cpu_s, trace.runq_s = end.wall, end.cpu - begin.cpu, end.runq - begin.runq
-        trace.loss = sum(losses) / len(losses) if losses else None
+        trace.loss = sum(it.losses) / len(it.losses) if it.losses else None
         return trace
 
+    def _account(self, it: _Iteration, delta: int) -> None:
+        it.inflight += delta
+        it.trace.memory.append((self.clock(), it.inflight))
+        it.trace.peak_inflight_bytes = max(it.trace.peak_inflight_bytes, it.inflight)
+        if self.budget_bytes is not None and it.inflight > self.budget_bytes:
+            raise BudgetExceeded(f"stage {self.rank} holds {it.inflight} B in flight, over its memory budget of "
+                                 f"{self.budget_bytes} B (after {it.action})")
 
-class _SavedBytes:
-    """Saved-tensor hooks that add up the bytes autograd keeps for one micro-batch's backward: each storage
-    once, the stage's parameters never (they are not the micro-batch's)."""
+    def _recv_f(self, it: _Iteration, a: Action) -> None:
+        buf = self.compute.buffer(self.rank - 1)
+        it.recv_f[a.mb] = (buf, self.transport.irecv(buf, self.rank - 1, tag_of("F", a.mb)))
+        self._account(it, self.act_bytes)
 
-    def __init__(self, exclude: set[int]) -> None:
-        self.total = 0
-        self.seen: set[int] = set(exclude)
+    def _recv_b(self, it: _Iteration, a: Action) -> None:
+        buf = self.compute.buffer(self.rank)
+        it.recv_b[a.mb] = (buf, self.transport.irecv(buf, self.rank + 1, tag_of("B", a.mb)))
+        self._account(it, self.act_bytes)
 
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in self.seen:
-            self.seen.add(ptr)
-            self.total += t.untyped_storage().nbytes()
-        return t
+    def _forward(self, it: _Iteration, a: Action) -> None:
+        received, ready = None, None
+        if self.rank > 0:
+            received, work = it.recv_f.pop(a.mb)
+            ready = it.wait("wait-F", a.mb, work)
+            self._account(it, -self.act_bytes)
+        x = self.compute.input_for(a.mb, received, it.inputs)
+        t0 = it.clock.now()
+        kept, loss, interval = self.compute.forward(a.mb, x, it.inputs, it.targets, ready)
+        it.span("F", a.mb, t0, interval)
+        it.stash[a.mb] = kept
+        it.trace.stash_bytes.append(kept.bytes)
+        self._account(it, kept.bytes)
+        if loss is not None:
+            it.losses.append(loss)
 
-    @staticmethod
-    def unpack(t: torch.Tensor) -> torch.Tensor:
-        return t
+    def _send_f(self, it: _Iteration, a: Action) -> None:
+        payload = self.compute.forward_payload(it.stash[a.mb])
+        it.sends.append((self.transport.isend(payload, self.rank + 1, tag_of("F", a.mb)), payload))
+
+    def _backward(self, it: _Iteration, a: Action) -> None:
+        kept = it.stash[a.mb]
+        grad, ready = None, None
+        if self.rank < self.stages - 1:
+            grad, work = it.recv_b.pop(a.mb)
+            ready = it.wait("wait-B", a.mb, work)
+        t0 = it.clock.now()
+        interval = self.compute.backward(kept, grad, ready)
+        it.span("B", a.mb, t0, interval)
+        self._account(it, -kept.bytes - (self.act_bytes if self.rank < self.stages - 1 else 0))
+        kept.bytes = 0
+
+    def _send_b(self, it: _Iteration, a: Action) -> None:
+        payload = self.compute.backward_payload(it.stash.pop(a.mb))
+        it.sends.append((self.transport.isend(payload, self.rank - 1, tag_of("B", a.mb)), payload))
+
+
+@dataclass(slots=True)
+class _Iteration:
+    """One iteration's state as the handlers share it."""
+
+    clock: ThreadClock
+    trace: IterationTrace
+    inputs: list[torch.Tensor] | None
+    targets: list[torch.Tensor] | None
+    action: Action | None = None
+    recv_f: dict[int, tuple[torch.Tensor, Work]] = field(default_factory=dict)
+    recv_b: dict[int, tuple[torch.Tensor, Work]] = field(default_factory=dict)
+    stash: dict[int, Stashed] = field(default_factory=dict)
+    sends: list[tuple[Work, torch.Tensor]] = field(default_factory=list)
+    inflight: int = 0
+    losses: list[float] = field(default_factory=list)
+
+    def span(self, kind: str, mb: int, t0: ThreadTimes, interval: Interval | None = None) -> None:
+        """Record a span from `t0` to now; a timed span keeps the device's interval and its wake-up lateness."""
+        t1 = self.clock.now()
+        start, end = (t0.wall, t1.wall) if interval is None else (interval.start, interval.end)
+        self.trace.spans.append(Span(kind, mb, start, end, t1.cpu - t0.cpu, t1.runq - t0.runq,
+                                     None if interval is None else interval.late_s))
+
+    def wait(self, kind: str, mb: int, work: Work) -> float:
+        """Block on a receive, recorded as a wait span; returns when its data was there."""
+        t0 = self.clock.now()
+        work.wait()
+        self.span(kind, mb, t0)
+        return self.trace.spans[-1].end

@@ -15,17 +15,16 @@ PROBE_TAG = 1 << 24
 PROBE_ROUNDS = 10
 
 
-def probe_message_cost(cfg: WorkerConfig, transport: Any, shape: tuple[int, ...]) -> list[float]:
-    """Per link between stage s and s+1: what one activation-sized message costs beyond the configured delay
-    and transfer time, the median of PROBE_ROUNDS ping-pongs (each side's receive posted before the other
-    sends, as the overlapping schedules post them). Every rank gets every link's figure."""
+def probe_message_cost(cfg: WorkerConfig, transport: Any, elements: list[int]) -> list[float]:
+    """Per link between stage s and s+1: what one message of the run's size on that link (`elements` float32s)
+    costs beyond the configured delay and transfer time, the median of PROBE_ROUNDS ping-pongs (each side's
+    receive posted before the other sends, as the overlapping schedules post them). Every rank gets every
+    link's figure."""
     import statistics
 
     import torch
     import torch.distributed as dist
 
-    buf, out = torch.zeros(shape), torch.zeros(shape)
-    size = buf.numel() * buf.element_size()
     mine: dict[int, float] = {}
     for parity in (0, 1):                        # links (0,1), (2,3), ... then (1,2), (3,4), ...: no rank in two at once
         transport.barrier()
@@ -33,6 +32,8 @@ def probe_message_cost(cfg: WorkerConfig, transport: Any, shape: tuple[int, ...]
             if cfg.rank not in (link, link + 1):
                 continue
             peer = link + 1 if cfg.rank == link else link
+            buf, out = torch.zeros(elements[link]), torch.zeros(elements[link])
+            size = buf.numel() * buf.element_size()
             samples = []
             pending = transport.irecv(out, peer, PROBE_TAG)
             for i in range(PROBE_ROUNDS + 2):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workloads.compute import CostTable
 from workloads.hostcpu import HostWindow, WatchGroup
 from workloads.memory import MemoryBudget
 from workloads.schedule import GeoPipeSizing
@@ -125,6 +126,11 @@ class WorkerConfig:
     watch: list[WatchGroup] = field(default_factory=list)
     """Other processes of the run whose CPU each iteration records: the delay daemons, the runner
     (workloads/hostcpu.py)."""
+    compute: str = "real"
+    """real (the model's arithmetic), replay (F and B as waits: `cost_table`, or one profiled here at start-up)
+    or profile (a deployment's table in `cost_table`); workloads/compute.py."""
+    cost_table: CostTable | None = None
+    """The table a timed run replays; None: real compute, or a replay that profiles this host first."""
     dump_gradients: bool = False
     """Write this rank's gradients of the last iteration to OUT/grads-rank-<r>.pt (checks against a single
     process; with lr 0 every iteration's gradients are those of the initial weights)."""
@@ -132,8 +138,19 @@ class WorkerConfig:
     def budget_for(self, schedule: str) -> MemoryBudget | None:
         return None if schedule in self.unbudgeted else self.memory_budget
 
+    @property
+    def timed(self) -> bool:
+        return self.compute != "real"
+
+    def link_bytes_per_s(self) -> list[float]:
+        """Per stage link, the rate a message's transfer takes as the deployment sees it: the emulated rate
+        times the table's rate scale (the wire carries the message's bytes over that scale)."""
+        table = self.cost_table
+        return [r / 8 * (table.scale(s) if table else 1.0) for s, r in enumerate(self.link_rate_bps)]
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "memory_budget": None if self.memory_budget is None else self.memory_budget.text}
+        return {**asdict(self), "memory_budget": None if self.memory_budget is None else self.memory_budget.text,
+                "cost_table": self.cost_table.to_json() if self.cost_table else None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkerConfig:
@@ -144,7 +161,8 @@ class WorkerConfig:
                       "memory_budget": None if budget is None else MemoryBudget.parse(budget),
                       "model": GPTConfig(**data.get("model", {})),
                       "watch": [WatchGroup.from_json(g) for g in data.get("watch", [])],
-                      "settings": [LinkSetting.from_json(x) for x in data.get("settings", [])]})
+                      "settings": [LinkSetting.from_json(x) for x in data.get("settings", [])],
+                      "cost_table": CostTable.from_json(data["cost_table"]) if data.get("cost_table") else None})
 
 
 @dataclass(slots=True)
@@ -160,6 +178,8 @@ class Span:
     """CPU the rank's main thread ran during the span (workloads/threadclock.py); None where not measured."""
     runq_s: float | None = None
     """Time the main thread sat runnable but not running during the span: other threads had its core."""
+    late_s: float | None = None
+    """A timed span (compute as time): how long after its deadline the wait returned; None for arithmetic."""
 
     @property
     def seconds(self) -> float:

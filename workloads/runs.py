@@ -49,13 +49,20 @@ class OursRun:
         from workloads import schedule as S
         from workloads.executor import StageExecutor
         from workloads.model import build_stages, loss_fn
+        from workloads.stagecompute import Arithmetic, Timed
 
         self.cfg, self.name, self.transport, self.host = cfg, name, transport, host
         self.detail, self.message_cost = transport_detail, message_cost
-        self.stage = build_stages(cfg.model, cfg.world, cfg.split)[cfg.rank]
-        self.optimizer = torch.optim.AdamW(self.stage.parameters(), lr=cfg.lr)
-        self.executor = StageExecutor(self.stage, cfg.rank, cfg.world, transport, activation_shape(cfg),
-                                      cfg.microbatches, loss_fn)
+        self.stage: Any = None
+        self.optimizer: Any = None
+        compute: Arithmetic | Timed
+        if cfg.cost_table is not None:          # compute as time: no model, no optimizer, no arithmetic
+            compute = Timed(cfg.cost_table, cfg.rank, cfg.world)
+        else:
+            self.stage = build_stages(cfg.model, cfg.world, cfg.split)[cfg.rank]
+            self.optimizer = torch.optim.AdamW(self.stage.parameters(), lr=cfg.lr)
+            compute = Arithmetic(self.stage, cfg.rank, cfg.world, activation_shape(cfg), cfg.microbatches, loss_fn)
+        self.executor = StageExecutor(compute, cfg.rank, cfg.world, transport, cfg.microbatches)
         self.budget = cfg.budget_for(name)
         if self.budget is not None and self.budget.bytes is not None:
             self.executor.budget_bytes = self.budget.bytes
@@ -69,7 +76,7 @@ class OursRun:
 
     @property
     def chunks(self) -> list[Any]:
-        return [self.stage]
+        return [self.stage] if self.stage is not None else []
 
     @property
     def indices(self) -> list[int]:
@@ -78,16 +85,18 @@ class OursRun:
     def iteration(self, it: int) -> None:
         cfg = self.cfg
         x, y = self.data.next()
-        inputs = list(x.chunk(cfg.microbatches)) if cfg.rank == 0 else None
-        targets = list(y.chunk(cfg.microbatches)) if cfg.rank == cfg.world - 1 else None
-        self.optimizer.zero_grad(set_to_none=True)
+        inputs = list(x.chunk(cfg.microbatches)) if cfg.rank == 0 and self.stage is not None else None
+        targets = list(y.chunk(cfg.microbatches)) if cfg.rank == cfg.world - 1 and self.stage is not None else None
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
         self.transport.barrier()
         threads_before, host_before = process_threads(), self.host.read()
         trace = self.executor.run(self.schedule[cfg.rank], inputs, targets)
         host_after = self.host.read()
         threads = thread_usage(threads_before, process_threads(), threading.get_native_id())
         t0 = time.monotonic()
-        self.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.step()
         opt_s = time.monotonic() - t0
         record = IterationRecord(
             iteration=it, warmup=it == 0, start=trace.start, end=trace.end, spans=trace.spans,
@@ -127,7 +136,7 @@ class OursRun:
             return
         samples = from_spans([m["spans"] for m in measured], skip=WARMUP_SKIP)
         self.geo = size_geopipe(cfg.world, cfg.microbatches, link_delay_s=cfg.link_delay_s,
-                                link_bytes_per_s=[r / 8 for r in cfg.link_rate_bps], activation_bytes=executor.act_bytes,
+                                link_bytes_per_s=cfg.link_bytes_per_s(), activation_bytes=executor.act_bytes,
                                 forward_s=samples.mean_forward(), backward_s=samples.mean_backward(), stash_bytes=stash,
                                 budget_bytes=budgets, samples=samples,
                                 message_overhead_s=max(0.0, *self.message_cost))
@@ -135,7 +144,7 @@ class OursRun:
         refuse_deadlock(self.schedule, cfg, [m["forward_s"] + m["backward_s"] for m in measured], executor.act_bytes)
 
     def finish(self) -> None:
-        if self.cfg.dump_gradients:
+        if self.cfg.dump_gradients and self.stage is not None:
             import torch
 
             torch.save({n: p.grad for n, p in self.stage.named_parameters()},
@@ -210,6 +219,9 @@ def measure_reference(cfg: WorkerConfig, run: OursRun | TorchRun) -> tuple[float
 
     x, y = data_for(cfg).next()
     dist.barrier()
+    if cfg.cost_table is not None:      # compute as time: the table's F+B, exactly what the spans replay
+        seconds = cfg.cost_table.reference_s(cfg.rank, cfg.microbatches)
+        return seconds, seconds
     total = cfg.world * chunks_per_rank(run.name)
     cpu = time.thread_time()
     wall = reference_compute_s(run.chunks, [i == 0 for i in run.indices], [i == total - 1 for i in run.indices],
@@ -225,7 +237,7 @@ def refuse_deadlock(schedule: Any, cfg: WorkerConfig, compute_s: list[float], ac
 
     half = [c / 2 for c in compute_s]
     try:
-        simulate(schedule, Costs(half, half, cfg.link_delay_s, [r / 8 for r in cfg.link_rate_bps], activation_bytes,
+        simulate(schedule, Costs(half, half, cfg.link_delay_s, cfg.link_bytes_per_s(), activation_bytes,
                                  0, 0.0, None))
     except Deadlock as exc:
         raise RuntimeError(f"the geopipe schedule sized for {cfg.world} stages would deadlock ({exc}); "

@@ -72,15 +72,20 @@ def run_interleaved(cfg: WorkerConfig) -> list[Any]:
     import torch
 
     shape = activation_shape(cfg)
+    if cfg.timed and cfg.cost_table is None:           # replay: this host's table, profiled now
+        from workloads.hostprofile import profile_host
+
+        cfg = dataclasses.replace(cfg, cost_table=profile_host(cfg, shape))
+    elements = message_elements(cfg, int(torch.Size(shape).numel()))
     configs = per_setting(cfg)
     widest = max(configs, key=lambda c: max(c.link_delay_s, default=0.0))
-    transport, detail = open_transport(widest, int(torch.Size(shape).numel()) * 4)
+    transport, detail = open_transport(widest, max(elements, default=1) * 4)
     host = HostCpu(cfg.watch)
     switch = LinkSwitch(cfg.rank)
     runs: list[list[OursRun | TorchRun]] = []
     for index, c in enumerate(configs):
         switch.to(index)
-        message_cost = probe_message_cost(c, transport, shape)
+        message_cost = probe_message_cost(c, transport, elements)
         for name in c.schedules:
             Path(c.out_dir, name).mkdir(parents=True, exist_ok=True)
         runs.append([TorchRun(c, name, transport) if name in TORCH_SCHEDULES
@@ -100,6 +105,14 @@ def run_interleaved(cfg: WorkerConfig) -> list[Any]:
     transport.barrier()                  # every rank is done sending before any closes its queue pairs
     transport.close()
     return [run.trace() for run in everything]
+
+
+def message_elements(cfg: WorkerConfig, activation_elements: int) -> list[int]:
+    """Float32 elements of one message over each stage link: the model's activation, or the cost table's
+    bytes on the wire (a deployment's message over the link's rate scale)."""
+    if cfg.cost_table is None:
+        return [activation_elements] * (cfg.world - 1)
+    return [cfg.cost_table.wire_bytes(link) // 4 for link in range(cfg.world - 1)]
 
 
 def _abba(items: list[Any], iteration: int) -> list[Any]:

@@ -103,7 +103,8 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
                 delay_s=d.delay_s, rate_bps=d.rate_bps, jitter_s=d.jitter_s, loss=d.loss, lossless=link.lossless,
                 mtu=link.mtu, bdp_bytes=math.ceil(d.rate_bps * rtt / 8),
                 rate_queue_packets=max(MIN_QUEUE_PACKETS, math.ceil(max(1, total_hosts) * tcp_buffer / wire)),
-                delay_queue_packets=delay_queue_packets(d.rate_bps, d.delay_s, d.jitter_s, link.mtu)))
+                delay_queue_packets=delay_queue_packets(d.rate_bps, d.delay_s, d.jitter_s, link.mtu),
+                real_rate_bps=link.real_rate_bps))
     notes = tuple(f"{lk.name}: emulated at 1:{1 / lk.scale:g} of the real {lk.real_rate_bps / 1e9:g} Gbit/s"
                   for lk in topology.links if lk.scale is not None and lk.real_rate_bps)
     return Plan(testbed=name, topology=topology.name, source=topology.source, nodes=tuple(nodes),

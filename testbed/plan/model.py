@@ -121,6 +121,8 @@ class LinkDirection:
     """Rate limiter queue: holds every sender's TCP window beyond the pipe, so a lossless link never tail-drops."""
     delay_queue_packets: int
     """Delay line queue: packets in flight over the delay, with 2x headroom."""
+    real_rate_bps: float | None = None
+    """The deployment's rate this direction stands for (the topology's `real_rate`); None where not stated."""
 
     @property
     def label(self) -> str:

@@ -72,6 +72,10 @@ class StageBreakdown:
     """CPU the stage's F/B spans ran per step."""
     reference_cpu_s: float | None = None
     """CPU the reference pass ran (the thread's own, whatever shared the core)."""
+    late_s: float | None = None
+    """Compute as time: how late the spans' wake-ups were, summed per step (a later span still starts at its
+    predecessor's deadline, so this is not added to the step; it shows in the executor's and the waits' parts
+    only where a wake-up came after the next message)."""
 
     @property
     def compute_drift(self) -> float | None:
@@ -181,6 +185,13 @@ def _stage(rank: RankTrace, its: list[IterationRecord], steps: list[float]) -> S
     wait_cpu = mean([sum(s.cpu_s or 0.0 for s in w) for w in waits])
     own = mean([it.end - it.start for it in its])
     reference = statistics.mean(rank.reference_compute_s)      # this run's own: before and after its iterations
+    if rank.config.timed:       # compute as time: a span is the device's interval from the table, no CPU in it
+        return StageBreakdown(
+            stage=rank.rank, step_s=mean(steps), reference_s=reference, compute_cpu_excess_s=wall - reference,
+            compute_preempted_s=0.0, compute_blocked_s=0.0, wait_s=wait, ideal_wait_s=None,
+            executor_s=own - wall - wait, executor_cpu_s=mean([it.main_cpu_s or 0.0 for it in its]) - cpu - wait_cpu,
+            skew_s=mean(steps) - own, compute_cpu_s=None, reference_cpu_s=None,
+            late_s=mean([sum(s.late_s or 0.0 for s in c) for c in compute]))
     return StageBreakdown(
         stage=rank.rank, step_s=mean(steps), reference_s=reference, compute_cpu_excess_s=cpu - reference,
         compute_preempted_s=runq, compute_blocked_s=wall - cpu - runq, wait_s=wait, ideal_wait_s=None,
@@ -207,7 +218,9 @@ def _ideal(ranks: list[RankTrace], stages: list[StageBreakdown], link_delay_s: l
         share = f / (f + b) if f + b > 0 else 0.5
         fwd.append(per_mb * share)
         bwd.append(per_mb * (1 - share))
-    costs = Costs(fwd, bwd, list(link_delay_s), [r / 8 for r in link_rate_bps], int(ranks[0].activation_bytes or 0),
+    table = ranks[0].config.cost_table
+    bytes_per_s = [r / 8 * (table.scale(s) if table else 1.0) for s, r in enumerate(link_rate_bps)]
+    costs = Costs(fwd, bwd, list(link_delay_s), bytes_per_s, int(ranks[0].activation_bytes or 0),
                   0, 0.0, None, receiver_driven=receiver_driven)
     try:
         return simulate(schedule, costs)

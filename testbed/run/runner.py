@@ -31,6 +31,7 @@ from testbed.plan.model import LinkDirection, Node, Plan
 from testbed.run import metrics
 from testbed.run.attempts import Attempt, attempt_folder, best_attempt
 from testbed.run.breakdown import breakdown
+from testbed.run.compute import run_table
 from testbed.run.dilation import (
     DEFAULT_DILATION,
     OFF,
@@ -49,11 +50,14 @@ from testbed.run.transport import choose as choose_transport
 from testbed.shaping.delayline_shaper import DelaylineShaper
 from testbed.shaping.registry import shaper_for
 from testbed.state.records import ProcessRecord
+from testbed.topology import TopologyError
+from testbed.topology.profile import parse_compute
 from testbed.util import procs, units
 from testbed.util.hostload import LoadMonitor
 from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT
 from workloads.commthreads import DEFAULT_COMM_PRIORITY
+from workloads.compute import REAL, ComputeError, ComputeMode, CostTable
 from workloads.hostcpu import WatchGroup
 from workloads.layouts import TORCH_SCHEDULES, chunks_per_rank
 from workloads.memory import MemoryBudget
@@ -128,8 +132,21 @@ class RunOptions:
     """Time dilation (testbed/run/dilation.py): off, auto (k from the workers' caps) or a factor."""
     sweep: LinkSweep | None = None
     """Interleave these settings of one link with the schedules (the experiment's distance sweep)."""
+    compute: ComputeMode = field(default_factory=lambda: ComputeMode(REAL))
+    """real (the model's arithmetic), replay (time from a table profiled here), replay:FILE or a deployment
+    profile (workloads/compute.py); its text is taken too."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.compute, str):
+            try:
+                self.compute = parse_compute(self.compute)
+            except (ComputeError, TopologyError) as exc:
+                raise RunError(f"--compute: {exc}") from None
+        if self.compute.timed:
+            torch_ones = [s for s in self.schedules if s in TORCH_SCHEDULES]
+            if torch_ones:
+                raise RunError(f"{torch_ones[0]} runs PyTorch's own executor, which computes for real: run it with "
+                               f"--compute real, or leave it out of a --compute {self.compute.text} run")
         if isinstance(self.model, dict):
             unknown = sorted(set(self.model) - {f.name for f in fields(GPTConfig)})
             if unknown:
@@ -152,8 +169,9 @@ class RunOptions:
             raise RunError("--microbatches, --microbatch-size and --iterations must be at least 1")
 
     def to_json(self) -> dict[str, Any]:
-        """As a run's summary records them (the budget as its text)."""
-        return {**asdict(self), "memory_budget": None if self.memory_budget is None else self.memory_budget.text}
+        """As a run's summary records them (the budget and the compute as their text)."""
+        return {**asdict(self), "memory_budget": None if self.memory_budget is None else self.memory_budget.text,
+                "compute": self.compute.text}
 
     def check_stages(self, count: int) -> None:
         """The model must fill `count` stages (PyTorch's multi-stage schedules: twice as many chunks); checked
@@ -180,22 +198,20 @@ def stage_links(plan: Plan, hosts: list[Node]) -> list[StageLink]:
     links = []
     for a, b in zip(hosts, hosts[1:], strict=False):
         if a.dc == b.dc:
-            links.append(StageLink(0.0, plan.fabric_rate_bps(a.dc)))
+            links.append(StageLink(0.0, plan.fabric_rate_bps(a.dc), crosses_dc=False))
             continue
         path = plan.paths[a.dc][b.dc]
-        delay, rate = 0.0, float("inf")
-        for here, nxt in zip(path, path[1:], strict=False):
-            hop = plan.direction(here, nxt)
-            delay += hop.delay_s
-            rate = min(rate, hop.rate_bps)
-        links.append(StageLink(delay, rate))
+        hops = [plan.direction(here, nxt) for here, nxt in zip(path, path[1:], strict=False)]
+        reals = [h.real_rate_bps for h in hops]
+        links.append(StageLink(sum(h.delay_s for h in hops), min(h.rate_bps for h in hops),
+                               None if None in reals else min(r for r in reals if r is not None)))
     return links
 
 
 def run_group(backend: Backend, schedules: list[str], options: RunOptions, hosts: list[Node], out_dir: Path,
               progress: Callable[[dict[str, Any]], None] | None = None,
               monitor: LoadMonitor | None = None, transport: TransportChoice | None = None,
-              dilation: Dilation = OFF) -> dict[str, list[RankTrace]]:
+              dilation: Dilation = OFF, table: CostTable | None = None) -> dict[str, list[RankTrace]]:
     """Run `schedules` (at every point of `options.sweep`) interleaved, iteration by iteration, in one launch
     of the workers on `hosts` (workloads/worker.py); per entry (`schedule`, or `label/schedule` in a sweep),
     its per-rank traces from out_dir/<entry>/ (in undilated time: a dilated run's raw traces stay beside them
@@ -212,7 +228,7 @@ def run_group(backend: Backend, schedules: list[str], options: RunOptions, hosts
                 _apply_point(backend, sweep, sweep.points[index], dilation.factor)
             switch(0)
         _run_workers(backend, schedules, options, hosts, out_dir, progress, monitor, transport, caps, settings,
-                     switch)
+                     switch, table)
     traces = {}
     for entry in entries(schedules, sweep):
         folder = out_dir / entry
@@ -278,7 +294,7 @@ def point_links(backend: Backend, sweep: LinkSweep, point: SweepPoint, hosts: li
 def _run_workers(backend: Backend, schedules: list[str], options: RunOptions, hosts: list[Node], out_dir: Path,
                  progress: Callable[[dict[str, Any]], None] | None, monitor: LoadMonitor | None,
                  transport: TransportChoice | None, caps: list[WorkerCap], settings: list[LinkSetting] | None = None,
-                 switch: Callable[[int], None] | None = None) -> None:
+                 switch: Callable[[int], None] | None = None, table: CostTable | None = None) -> None:
     links = stage_links(backend.state.plan, hosts)
     transport = transport or TransportChoice(TCP.key, "default")
     master = hosts[0].ip(HOST_IFNAME)
@@ -301,7 +317,7 @@ def _run_workers(backend: Backend, schedules: list[str], options: RunOptions, ho
                 dump_gradients=options.dump_gradients, transport=transport.name, rdma_slots=options.rdma_slots,
                 rdma_mtu=transport.path_rdma_mtu, rdma_device=transport.devices[rank].name if transport.devices else "",
                 rdma_gid_index=transport.devices[rank].gid_index if transport.devices else -1, watch=watch,
-                settings=list(settings or []))
+                settings=list(settings or []), compute=options.compute.kind, cost_table=table)
             path = out_dir / f"worker-{rank}.json"
             path.write_text(json.dumps(config.to_json(), indent=1))
             log = out_dir / f"worker-{rank}.log"
@@ -431,9 +447,16 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     except TransportError as exc:
         raise RunError(str(exc)) from None
     log(f"transport {transport.name}: {transport.reason}")
+    try:
+        table = run_table(options.compute, stage_links(plan, hosts), plan.topology)
+    except (ComputeError, TopologyError) as exc:
+        raise RunError(f"--compute {options.compute.text}: {exc}") from None
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{'-'.join(options.schedules)}"
     run_dir = results_root / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
+    if table is not None:
+        table.save(run_dir / "compute.json")
+    log(describe_compute(options.compute, table))
     shaper = shaper_for(backend)
     drops_before = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
     restarts_before = _restarts(shaper)
@@ -445,7 +468,8 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     elif oversubscribed:
         log(f"WARNING: {len(hosts)} workers + {daemons} delay daemons on {cpus} cores: compute spans stretch when "
             "more run than there are cores, so bubble ratios are under-stated (recorded in summary.json)")
-    tokens = options.microbatches * options.microbatch_size * options.model.block_size
+    tokens = options.microbatches * (table.tokens_per_microbatch if table is not None and table.tokens_per_microbatch
+                                     else options.microbatch_size * options.model.block_size)
     log(f"running {', '.join(options.schedules)}" + (" interleaved" if len(options.schedules) > 1 else "")
         + f": {len(hosts)} stages on {', '.join(h.name for h in hosts)}")
 
@@ -464,7 +488,8 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         monitor = LoadMonitor(daemons_cpu(shaper, tuple(sorted({d.dst_node for d in plan.directions}))))
         where = attempt_folder(run_dir, attempt)
         holds_before = _hold_counters(shaper)
-        ranks_by = run_group(backend, options.schedules, options, hosts, where, progress, monitor, transport, dilation)
+        ranks_by = run_group(backend, options.schedules, options, hosts, where, progress, monitor, transport, dilation,
+                             table)
         load = monitor.finish()
         timing = link_timing(plan, holds_before, _hold_counters(shaper),
                              backend.state.shaper.release_error_s if backend.state.shaper else {}, dilation.factor)
@@ -478,6 +503,8 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
 
     best, repeats = best_attempt(attempt_once, log)
     traces, measured_by = best.value
+    if best.where != run_dir and (best.where / "compute.json").exists():
+        (best.where / "compute.json").replace(run_dir / "compute.json")    # the kept launch's own profile
     summaries = []
     for entry in entries(options.schedules, options.sweep):
         measured = measured_by[entry]
@@ -507,9 +534,43 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         transport_detail={s: [r.transport_detail for r in ranks] for s, ranks in traces.items() if transport.devices},
         kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed and not dilation.on, dilation=dilation,
         workers=len(hosts), delay_daemons=daemons, options=options.to_json(), schedules=summaries,
-        daemon_restarts=_restarts(shaper) - restarts_before)
+        daemon_restarts=_restarts(shaper) - restarts_before, compute=options.compute.text,
+        compute_detail=_table_of(traces).description if _table_of(traces) else "", arithmetic=not options.compute.timed,
+        fb_per_microbatch_s=fb_per_microbatch(traces), rate_scale=_table_of(traces).rate_scale if _table_of(traces) else [])
     write_run(run_dir, summary, traces, plan, log)
     return run_dir, summary
+
+
+def describe_compute(mode: ComputeMode, table: CostTable | None) -> str:
+    """One line on where the run's compute comes from, with the F+B per micro-batch it stands for."""
+    if mode.kind == REAL:
+        return "compute: real (the model's arithmetic on this CPU)"
+    if table is None:
+        return "compute: replay of a table profiled from the real model on this host at the start (compute.json)"
+    scale = sorted({round(table.scale(s), 3) for s in range(len(table.stages) - 1)})
+    return (f"compute: {mode.text}: {table.description}; F+B {table.host_fb_s * 1e3:.1f} ms per micro-batch per stage "
+            f"(median stage); no arithmetic runs" + (f"; messages of {table.activation_bytes} B carried at 1:"
+                                                     + "/".join(f"{x:g}" for x in scale) + " on the emulated links"
+                                                     if any(x != 1 for x in scale) else ""))
+
+
+def _table_of(traces: dict[str, list[RankTrace]]) -> CostTable | None:
+    """The cost table the workers replayed (the one they profiled, for `replay`)."""
+    return next((r.config.cost_table for ranks in traces.values() for r in ranks if r.config.cost_table), None)
+
+
+def fb_per_microbatch(traces: dict[str, list[RankTrace]]) -> float | None:
+    """F+B of one micro-batch on the median stage: the replayed table's, or the real compute's reference pass
+    over its micro-batches (the first schedule with one)."""
+    import statistics
+
+    table = _table_of(traces)
+    if table is not None:
+        return table.host_fb_s
+    for ranks in traces.values():
+        if all(r.reference_compute_s for r in ranks):
+            return statistics.median(statistics.mean(r.reference_compute_s) / r.config.microbatches for r in ranks)
+    return None
 
 
 def check_budget(entry: str, measured: ScheduleSummary) -> None:

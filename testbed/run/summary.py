@@ -133,6 +133,10 @@ class StageLink:
 
     delay_s: float
     rate_bps: float
+    real_rate_bps: float | None = None
+    """The deployment's rate at the bottleneck (the topology's `real_rate`); None within a DC or where unstated."""
+    crosses_dc: bool = True
+    """False between two stages of one DC (its fabric)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +205,16 @@ class RunSummary:
     """Delay daemons that died during the run and were started again (their lost packets are in `links`)."""
     dilation: Dilation = OFF
     """Time dilation of the run (k, the workers' caps, why); every time in the summary is undilated."""
+    compute: str = "real"
+    """Where the compute came from (`--compute`): real, replay, replay:FILE or a deployment profile's name."""
+    compute_detail: str = ""
+    """The cost table's own description (timed compute); empty for real compute."""
+    arithmetic: bool = True
+    """False where no arithmetic ran (compute as time): losses and gradients are then absent."""
+    fb_per_microbatch_s: float | None = None
+    """F+B of one micro-batch on the median stage: measured alone for real compute, the table's for timed."""
+    rate_scale: list[float] = field(default_factory=list)
+    """Per stage link, the deployment's rate over the emulated one (timed compute from a profile); empty: 1."""
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -217,6 +231,14 @@ class RunSummary:
                       "links": [LinkRecord.from_json(lk) for lk in data["links"]],
                       "schedules": [ScheduleSummary.from_json(s) for s in data["schedules"]],
                       "dilation": Dilation.from_json(data["dilation"]) if data.get("dilation") else OFF})
+
+    def compute_line(self) -> str:
+        """Where the compute came from and the F+B per micro-batch every timing here rests on."""
+        fb = "" if self.fb_per_microbatch_s is None else f", F+B {self.fb_per_microbatch_s * 1e3:.1f} ms per micro-batch"
+        scale = sorted({round(x, 3) for x in self.rate_scale})
+        wire = "" if not scale or scale == [1.0] else ", messages at 1:" + "/".join(f"{x:g}" for x in scale)
+        kind = "real compute" if self.arithmetic else f"compute as time ({self.compute}, no arithmetic)"
+        return f"{kind}{fb}{wire}"
 
     def render(self) -> str:
         rows = []
@@ -246,7 +268,7 @@ class RunSummary:
                              "peak in-flight", "budget", "steal / other", "compute drift", "own cost", "links",
                              "loss"], rows,
                             f"\n{self.topology}: {len(self.stages)} stages ({placement}), shaper {self.shaper}, "
-                            f"{self.transport}; bubble vs ref = 1 - uncontended compute / step time; "
+                            f"{self.transport}; {self.compute_line()}; bubble vs ref = 1 - uncontended compute / step time; "
                             f"! = spans stretched > {STRETCH_FLAG:.2f}x, host disturbed, or compute more than "
                             f"{COMPUTE_DRIFT_BOUND:.0%} slower than the run's reference; own cost = step over the ideal "
                             "pipeline (summary.json: breakdown)")
