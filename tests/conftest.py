@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -110,3 +111,54 @@ def unique_name(request: pytest.FixtureRequest) -> Iterator[str]:
         for ns in netns_with_prefix(f"tb-{name}-"):
             subprocess.run(["ip", "netns", "del", ns], check=False)
         pytest.fail(f"test left namespaces behind: {leftovers}")
+
+
+# Under CI (CI=true) a tier must not pass by running nothing: one where no test ran (all skipped, none collected)
+# fails. Where CI_ALLOWED_SKIPS names a file (one regular expression a line, searched in the skip's reason; `#`
+# comments), a test skipped for a reason no line matches fails it too: the workflow sets one per runner and tier.
+CI_ALLOWED_SKIPS = "CI_ALLOWED_SKIPS"
+
+
+class CiGate:
+    def __init__(self, allowed_file: str | None) -> None:
+        self.allowed_file = allowed_file
+        self.ran = 0
+        self.skips: list[tuple[str, str]] = []
+        self.problems: list[str] = []
+
+    def allowed(self) -> list[re.Pattern[str]] | None:
+        if not self.allowed_file:
+            return None
+        try:
+            lines = Path(self.allowed_file).read_text().splitlines()
+        except OSError as exc:
+            self.problems.append(f"{CI_ALLOWED_SKIPS}={self.allowed_file}: cannot read it ({exc})")
+            return []
+        return [re.compile(line.strip()) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and (not report.skipped or hasattr(report, "wasxfail")):
+            self.ran += 1
+        elif report.skipped and not hasattr(report, "wasxfail"):
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            self.skips.append((report.nodeid, reason.removeprefix("Skipped: ")))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.ran == 0:
+            self.problems.append(f"no test ran ({len(self.skips)} skipped): a tier that runs nothing does not pass")
+        allowed = self.allowed()
+        if allowed is not None:
+            self.problems += [f"{nodeid} skipped: {reason!r} is not in {self.allowed_file}"
+                              for nodeid, reason in self.skips if not any(p.search(reason) for p in allowed)]
+        if self.problems and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        for problem in self.problems:
+            terminalreporter.write_line(f"CI=true: {problem}", red=True, bold=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("CI") == "true":
+        config.pluginmanager.register(CiGate(os.environ.get(CI_ALLOWED_SKIPS) or None), "ci-gate")

@@ -95,3 +95,13 @@ def test_every_artifact_name_is_one_upload_artifact_accepts() -> None:
                 assert not bad, f"{job_name}: artifact name {name!r} has {bad}, which upload-artifact refuses"
                 names.append(name)
     assert names and len(names) == len(set(names)), f"artifact names must exist and differ per job and entry: {names}"
+
+
+def test_every_allowed_skips_list_the_workflow_names_exists() -> None:
+    """A step's CI_ALLOWED_SKIPS (tests/conftest.py) names a file in the repo; Debian's stock-kernel tier has one."""
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    lists = {(name, step["name"]): step["env"]["CI_ALLOWED_SKIPS"] for name, job in doc["jobs"].items()
+             for step in job["steps"] if "CI_ALLOWED_SKIPS" in step.get("env", {})}
+    assert ("debian", "Stock-kernel tier (QEMU)") in lists
+    for where, path in lists.items():
+        assert (REPO / path).is_file(), (where, path)

@@ -131,12 +131,18 @@ def choose_accel(mode: str, setup: VmSetup) -> Accel:
     return Accel(False, f"a KVM guest failed (exit {proc.returncode}: {last[0][:160]})")
 
 
+GUEST_ENV_PASSED = ("CI", "CI_ALLOWED_SKIPS")
+"""Variables the guest gets from the host (virtme-ng passes none): under CI the guest's pytest applies the same
+rules as the host's (tests/conftest.py: a tier that ran nothing, or skipped outside the runner's list, fails)."""
+
+
 def guest_script(command: str, outdir: Path) -> str:
     """What runs inside the guest: load the modules, then the command from the repo root."""
     loads = "; ".join(f"modprobe {m} 2>/dev/null" for m in GUEST_MODULES)
+    passed = "".join(f" {k}={shlex.quote(os.environ[k])}" for k in GUEST_ENV_PASSED if k in os.environ)
     return (f"{loads}; cd {shlex.quote(str(REPO_ROOT))} && export TESTBED_IN_VM=1 PYTHONDONTWRITEBYTECODE=1 "
-            f"TESTBED_STATE_DIR={shlex.quote(str(outdir / 'state'))} TESTBED_VM_OUT={shlex.quote(str(outdir))} "
-            f"&& {command}")
+            f"TESTBED_STATE_DIR={shlex.quote(str(outdir / 'state'))} TESTBED_VM_OUT={shlex.quote(str(outdir))}"
+            f"{passed} && {command}")
 
 
 def run_in_vm(command: str, outdir: Path, *, kvm: bool = False, memory: str = "2G", cpus: int = 2,
