@@ -114,15 +114,27 @@ def test_up_twice_refused_and_exec_exit_code(unique_name: str) -> None:
 @pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_down_kills_processes_left_in_namespaces(backend: str, unique_name: str) -> None:
     run_cli("up", "2dc-1000km", "--name", unique_name, "--no-verify", "--backend", backend)
-    sleeper = subprocess.Popen(["ip", "netns", "exec", f"tb-{unique_name}-dc-b-h1", "sleep", "600"])
+    namespace = f"tb-{unique_name}-dc-b-h1"
+    sleeper = subprocess.Popen(["ip", "netns", "exec", namespace, "sleep", "600"])
     try:
-        time.sleep(0.3)
+        _wait_until_inside(sleeper, namespace)
         run_cli("down", unique_name)
-        assert sleeper.wait(timeout=10) is not None
+        # down's SIGTERM (SIGKILL after its grace) ended it: not its own exit, not still running
+        assert sleeper.wait(timeout=10) in (-signal.SIGTERM, -signal.SIGKILL)
     finally:
         if sleeper.poll() is None:
             sleeper.kill()
     assert netns_with_prefix(f"tb-{unique_name}-") == []
+
+
+def _wait_until_inside(proc: subprocess.Popen, namespace: str, timeout_s: float = 10.0) -> None:
+    """Until `proc` (ip netns exec, which execs its command) is in the namespace: /proc/PID/ns/net is its inode."""
+    want = os.stat(f"/run/netns/{namespace}").st_ino
+    deadline = time.monotonic() + timeout_s
+    while os.stat(f"/proc/{proc.pid}/ns/net").st_ino != want:
+        assert proc.poll() is None, f"it exited {proc.returncode} before entering {namespace}"
+        assert time.monotonic() < deadline, f"not inside {namespace} after {timeout_s} s"
+        time.sleep(0.01)
 
 
 def test_sigkill_midway_then_down_leaves_nothing(unique_name: str) -> None:
