@@ -5,6 +5,8 @@ runs in the stock-kernel tier (tests/test_vm_rdma.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import REPO, netns_with_prefix, run_cli
 
@@ -107,12 +109,32 @@ def test_missing_rdma_pieces_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert choice.path_rdma_mtu == [4096]
 
 
-def test_kernel_versions_and_the_stock_kernel_booted() -> None:
+def test_kernel_versions_and_releases() -> None:
     assert kernel_version("7.3.4+deb13-amd64") == (7, 3) and kernel_version("6.1.0-57-amd64") == (6, 1)
     assert kernel_version("6.18.44-fc-v1252") < (7, 1) <= kernel_version("7.1.0")
     assert vm._version_key("7.3.4+deb13-amd64") > vm._version_key("6.12.1-amd64") > vm._version_key("6.1.0-57-amd64")
-    for image in vm.stock_kernels():
-        assert vm.kernel_release(image) in str(image)
+    assert vm.kernel_release(Path("/boot/vmlinuz-6.12.1-amd64")) == "6.12.1-amd64"
+    assert vm.kernel_release(Path("/usr/lib/modules/7.3.4+deb13-amd64/vmlinuz")) == "7.3.4+deb13-amd64"
+
+
+def test_the_stock_kernel_booted_is_the_newest_other_than_the_running_one(tmp_path: Path, monkeypatch) -> None:
+    """On a scripted /boot and /usr/lib/modules (where install-stock-kernel.sh puts trixie-backports' kernel): the
+    running kernel is left out, a release in both places counts once (/boot's), versions sort as numbers."""
+    images = ["boot/vmlinuz-6.1.0-57-amd64", "boot/vmlinuz-6.12.1-amd64", "boot/vmlinuz-7.3.4+deb13-amd64",
+              "usr/lib/modules/7.3.4+deb13-amd64/vmlinuz", "usr/lib/modules/7.10.1+deb13-amd64/vmlinuz",
+              "usr/lib/modules/7.2.12+deb13-amd64/vmlinuz", "usr/lib/modules/6.1.0-57-amd64/vmlinuz"]
+    for image in images:
+        (tmp_path / image).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / image).write_bytes(b"")
+    (tmp_path / "usr/lib/modules/6.12.1-amd64").mkdir()                   # modules without an image: not a kernel
+    monkeypatch.setattr(vm, "Path", lambda p: tmp_path / str(p).lstrip("/"))
+    monkeypatch.setattr(vm.platform, "release", lambda: "6.1.0-57-amd64")
+    kernels = vm.stock_kernels()
+    assert [str(k.relative_to(tmp_path)) for k in kernels] == [
+        "boot/vmlinuz-6.12.1-amd64", "usr/lib/modules/7.2.12+deb13-amd64/vmlinuz", "boot/vmlinuz-7.3.4+deb13-amd64",
+        "usr/lib/modules/7.10.1+deb13-amd64/vmlinuz"]
+    assert [vm.kernel_release(k) for k in kernels] == ["6.12.1-amd64", "7.2.12+deb13-amd64", "7.3.4+deb13-amd64",
+                                                       "7.10.1+deb13-amd64"]
 
 
 @pytest.mark.root
