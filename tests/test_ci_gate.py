@@ -20,12 +20,12 @@ TESTS = {
 }
 
 
-def _pytest(tmp_path: Path, test: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _pytest(tmp_path: Path, test: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / f"test_{test}.py").write_text(TESTS[test])
     child_env = {k: v for k, v in os.environ.items() if k not in ("CI", "CI_ALLOWED_SKIPS", "PYTEST_ADDOPTS")}
     child_env.update(env, PYTHONPATH=str(REPO / "tests"))
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q", "-rs",
-                           f"test_{test}.py"], cwd=tmp_path, env=child_env, capture_output=True, text=True, timeout=120)
+                           *args, f"test_{test}.py"], cwd=tmp_path, env=child_env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize(("test", "env", "code"), [
@@ -40,6 +40,10 @@ def test_under_ci_a_tier_that_ran_nothing_fails(tmp_path: Path, test: str, env: 
     assert result.returncode == code, result.stdout + result.stderr
     if test == "all_skipped" and code:
         assert "CI=true: no test ran (2 skipped)" in result.stdout
+
+
+def test_collecting_only_runs_nothing_and_is_not_a_tier(tmp_path: Path) -> None:
+    assert _pytest(tmp_path, "one_ran", {"CI": "true"}, "--collect-only").returncode == 0
 
 
 def test_a_skip_reason_outside_the_runners_list_fails(tmp_path: Path) -> None:
