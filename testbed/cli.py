@@ -220,7 +220,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         microbatch_counts=[int(x) for x in args.microbatch_counts.split(",")] if args.microbatch_counts else [],
         memory_budget=None if args.memory_budget in (None, "", "none") else _budget(args.memory_budget),
         results=args.results,
-        backend=args.backend, switch=args.switch, transports=_transports(args.transports), dilation=args.dilation)
+        backend=args.backend, switch=args.switch, transports=_transports(args.transports), dilation=args.dilation,
+        compute=_compute(args.compute), stages=args.stages)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} runs"),
                   TimeElapsedColumn()) as progress:
         holder: dict[str, int] = {}
@@ -234,6 +235,17 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     print(terminal_summary(exp_dir))
     print(f"\nresults: {exp_dir} (report.md, report.html, *.png, summary.json, points.csv)")
     return 0
+
+
+def _compute(text: str) -> str:
+    """`--compute` as the experiment records it, checked now (a bad value fails before anything comes up)."""
+    from testbed.topology.profile import parse_compute
+    from workloads.compute import ComputeError
+
+    try:
+        return parse_compute(text).text
+    except ComputeError as exc:
+        raise BackendError(f"--compute: {exc}") from None
 
 
 def _budget(text: str) -> str:
@@ -524,6 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="budget of the headline runs (1f1b, 1f1b-prefetch, geopipe; enforced): bytes or 1f1b+N, "
                         "or none")
     p.add_argument("--microbatches", type=int, default=64)
+    p.add_argument("--stages", type=int, help="pipeline stages, spread evenly over the DCs (default: one per DC)")
     p.add_argument("--iterations", type=int, default=3,
                    help="timed iterations of each schedule per run, interleaved (after one warm-up)")
     p.add_argument("--results", default="results")

@@ -180,9 +180,12 @@ class _Iteration:
         self.trace.spans.append(Span(kind, mb, start, end, t1.cpu - t0.cpu, t1.runq - t0.runq,
                                      None if interval is None else interval.late_s))
 
-    def wait(self, kind: str, mb: int, work: Work) -> float:
-        """Block on a receive, recorded as a wait span; returns when its data was there."""
+    def wait(self, kind: str, mb: int, work: Work) -> float | None:
+        """Block on a receive, recorded as a wait span. Returns when its data arrived: None where it was there
+        before the wait began (it constrains nothing), else when the wait returned."""
         t0 = self.clock.now()
+        done = getattr(work, "is_completed", None)
+        already = bool(done()) if callable(done) else False
         work.wait()
         self.span(kind, mb, t0)
-        return self.trace.spans[-1].end
+        return None if already else self.trace.spans[-1].end

@@ -114,7 +114,7 @@ class OursRun:
 
     def _after_warmup(self, record: IterationRecord) -> None:
         """Every rank shares what its warm-up measured; a relative budget becomes bytes per stage; geopipe is
-        sized for the whole pipeline from the measurements (the same plan on every rank: the per-micro-batch
+        sized for the whole pipeline from the measurements (by rank 0, sent to every rank: the per-micro-batch
         compute times as a distribution and the probed per-message cost) and dry-run."""
         import torch.distributed as dist
 
@@ -134,12 +134,16 @@ class OursRun:
             executor.budget_bytes = budgets[cfg.rank]
         if self.name != "geopipe":
             return
-        samples = from_spans([m["spans"] for m in measured], skip=WARMUP_SKIP)
-        self.geo = size_geopipe(cfg.world, cfg.microbatches, link_delay_s=cfg.link_delay_s,
-                                link_bytes_per_s=cfg.link_bytes_per_s(), activation_bytes=executor.act_bytes,
-                                forward_s=samples.mean_forward(), backward_s=samples.mean_backward(), stash_bytes=stash,
-                                budget_bytes=budgets, samples=samples,
-                                message_overhead_s=max(0.0, *self.message_cost))
+        plan: list[Any] = [None]
+        if cfg.rank == 0:           # one rank sizes (the same inputs give the same plan), the others receive it
+            samples = from_spans([m["spans"] for m in measured], skip=WARMUP_SKIP)
+            plan[0] = size_geopipe(cfg.world, cfg.microbatches, link_delay_s=cfg.link_delay_s,
+                                   link_bytes_per_s=cfg.link_bytes_per_s(), activation_bytes=executor.act_bytes,
+                                   forward_s=samples.mean_forward(), backward_s=samples.mean_backward(),
+                                   stash_bytes=stash, budget_bytes=budgets, samples=samples,
+                                   message_overhead_s=max(0.0, *self.message_cost))
+        dist.broadcast_object_list(plan, src=0)
+        self.geo = plan[0]
         self.schedule = S.build("geopipe", cfg.world, cfg.microbatches, self.geo)
         refuse_deadlock(self.schedule, cfg, [m["forward_s"] + m["backward_s"] for m in measured], executor.act_bytes)
 

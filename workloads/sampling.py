@@ -9,6 +9,7 @@ candidates differ by what they schedule, not by their luck."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 from dataclasses import asdict, dataclass
@@ -96,13 +97,11 @@ def simulate_expected(schedule: Any, costs: Any, samples: ComputeSamples | None,
     """The simulator's prediction (workloads/simulate.py) averaged over `draws` draws of the measured compute
     (the means alone when `samples` is None): iteration time, per-stage compute, waits and ends are means,
     peaks the largest."""
-    from workloads.simulate import Costs, Prediction, simulate
+    from workloads.simulate import Prediction, simulate
 
     if samples is None:
         return simulate(schedule, costs)
-    runs = [simulate(schedule, Costs(costs.forward_s, costs.backward_s, costs.link_delay_s, costs.link_bytes_per_s,
-                                     costs.activation_bytes, costs.stash_bytes, costs.message_overhead_s,
-                                     costs.dispatch_s, costs.receiver_driven, f, b))
+    runs = [simulate(schedule, dataclasses.replace(costs, forward_mb_s=f, backward_mb_s=b))
             for f, b in samples.draws(microbatches, draws)]
     n = len(runs)
     stages = len(runs[0].compute_s)

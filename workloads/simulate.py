@@ -44,6 +44,11 @@ class Costs:
     """Per stage, per micro-batch: its forward's own time (a draw from the measured distribution,
     workloads/sampling.py); overrides `forward_s` where given."""
     backward_mb_s: list[list[float]] | None = None
+    link_overhead_s: list[float] | None = None
+    """Per link between stage s and s+1: its own cost per message (as probed); overrides `message_overhead_s`."""
+
+    def overhead(self, link: int) -> float:
+        return self.link_overhead_s[link] if self.link_overhead_s else self.message_overhead_s
 
     def forward(self, stage: int, mb: int) -> float:
         return self.forward_mb_s[stage][mb] if self.forward_mb_s else self.forward_s[stage]
@@ -99,7 +104,7 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
             ready = max(sent[key], posted[key] + d) if costs.receiver_driven else sent[key]
             start = max(ready, link_free.get((direction, dst), 0.0))
             link_free[(direction, dst)] = start + costs.activation_bytes / rate
-            arrival[key] = link_free[(direction, dst)] + d + costs.message_overhead_s
+            arrival[key] = link_free[(direction, dst)] + d + costs.overhead(link)
             queue.pop(0)
 
     def step(s: int) -> bool:

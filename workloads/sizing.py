@@ -19,6 +19,7 @@ over the draws minus the plan at the mean times), and `why` says per stage what 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from workloads.memory import activation_lookahead, footprint_bytes, pipeline_warmup
@@ -129,8 +130,7 @@ class _Judge:
 
 
 def _with(costs: Costs, forward: list[list[float]], backward: list[list[float]]) -> Costs:
-    return Costs(costs.forward_s, costs.backward_s, costs.link_delay_s, costs.link_bytes_per_s, costs.activation_bytes,
-                 costs.stash_bytes, costs.message_overhead_s, costs.dispatch_s, costs.receiver_driven, forward, backward)
+    return dataclasses.replace(costs, forward_mb_s=forward, backward_mb_s=backward)
 
 
 def quantile(values: list[float], q: float) -> float:

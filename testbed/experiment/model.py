@@ -39,6 +39,15 @@ class StageTimes:
     """Per stage, every steady forward and backward span (the distribution the model draws from)."""
     message_cost_s: float = 0.0
     """The transport's measured cost per message beyond delay and transfer (largest over the links)."""
+    message_cost_per_link_s: list[float] | None = None
+    """The same per stage link (each link's own probe; never below 0)."""
+    rate_scale: list[float] | None = None
+    """Compute as time from a deployment profile: per stage link, the deployment's rate over the emulated one
+    (the run's messages were the deployment's bytes over it); None: 1."""
+
+    timed: bool = False
+    """Compute as time: F and B ran on a device timeline the executor's own work does not delay, so the model
+    adds no dispatch time between spans."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "samples": self.samples.to_json() if self.samples else None}
@@ -72,7 +81,10 @@ def stage_times(ranks: list[RankTrace]) -> StageTimes:
                  if all(r.reference_compute_s for r in ranks) else None)
     samples = ComputeSamples(f_all, b_all) if all(f_all) else None
     cost = max([0.0, *(c for r in ranks for c in r.message_cost_s)])     # a link that delivers early costs nothing
-    return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch, reference, samples, cost)
+    table = ranks[0].config.cost_table
+    per_link = [max(0.0, c) for c in ranks[0].message_cost_s] or None
+    return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch, reference, samples, cost,
+                      per_link, list(table.rate_scale) if table and table.rate_scale else None, ranks[0].config.timed)
 
 
 MODELLED = ("gpipe", "1f1b", "1f1b-prefetch", "geopipe", "torch-gpipe", "torch-1f1b")
@@ -86,7 +98,8 @@ def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: l
     TCP or sender-driven RDMA (`transport`): the expected step over draws of the measured compute; geopipe is
     planned as the workers plan it. `message_overhead_s` defaults to the measured per-message cost."""
     stages = len(times.forward_s)
-    bytes_per_s = [r / 8 for r in link_rate_bps]
+    scale = times.rate_scale or [1.0] * len(link_rate_bps)
+    bytes_per_s = [r / 8 * k for r, k in zip(link_rate_bps, scale, strict=True)]
     overhead = times.message_cost_s if message_overhead_s is None else message_overhead_s
     geo = None
     if schedule == "geopipe":
@@ -97,8 +110,10 @@ def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: l
                            backward_s=times.backward_s, stash_bytes=times.stash_bytes, budget_bytes=budgets,
                            samples=times.samples, message_overhead_s=overhead)
     sched = S.build(schedule.removeprefix("torch-"), stages, microbatches, geo)
+    per_link = times.message_cost_per_link_s if message_overhead_s is None else None
     costs = Costs(times.forward_s, times.backward_s, link_delay_s, bytes_per_s, times.activation_bytes,
-                  max(times.stash_bytes), overhead, times.dispatch_s, receiver_driven=TRANSPORTS[transport].receiver_driven)
+                  max(times.stash_bytes), overhead, None if times.timed else times.dispatch_s,
+                  receiver_driven=TRANSPORTS[transport].receiver_driven, link_overhead_s=per_link)
     return simulate_expected(sched, costs, times.samples, microbatches), geo
 
 

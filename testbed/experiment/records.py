@@ -55,10 +55,19 @@ class ExperimentSpec:
     transports: list[str] = field(default_factory=lambda: ["tcp"])
     """With more than tcp: a transport sweep at the focus, our schedules over each transport in turn (rdma needs
     rxe in namespaces; the testbed then comes up with `rdma: softroce`)."""
+    compute: str = "real"
+    """Every run's compute (`--compute`): real, replay, replay:FILE or a deployment profile (workloads/compute.py)."""
+    stages: int | None = None
+    """Pipeline stages (default: one per DC), spread evenly over the DCs."""
 
     @property
     def headline_schedules(self) -> list[str]:
         return [*self.schedules, *(s for s in self.focus_schedules if s not in self.schedules)]
+
+    @property
+    def timed(self) -> bool:
+        """Compute as time (no arithmetic): PyTorch's own schedules, which compute for real, are left out."""
+        return self.compute != "real"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ExperimentSpec:

@@ -44,6 +44,7 @@ from testbed.topology import load_topology
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
 from testbed.util.interrupts import cleanup, raise_if_pending
 from testbed.util.paths import REPO_ROOT, resolve_topology
+from workloads.layouts import TORCH_SCHEDULES
 from workloads.records import RDMA, TCP, TRANSPORTS, RankTrace
 
 BUDGETED = ("1f1b", "1f1b-prefetch", "geopipe")
@@ -140,7 +141,7 @@ class Experiment:
         host lands on all of them rather than on one."""
         s = self.spec
         rate, budget = self.base_rate_bps, s.memory_budget
-        every = s.headline_schedules
+        every = [x for x in s.headline_schedules if not (s.timed and x in TORCH_SCHEDULES)]
         out = [Setting("distance", km, rate, s.microbatches, schedule, budget=budget)
                for km in sorted(s.distances_km, key=lambda d: (d != 0, d))
                for schedule in (every if km == s.focus_km else s.schedules)]
@@ -237,7 +238,7 @@ class Experiment:
         options = RunOptions(schedules=schedules, microbatches=first.microbatches, iterations=s.iterations,
                              model=s.model, memory_budget=first.budget, transport=first.transport,
                              unbudgeted=[st.schedule for st in group if st.applied_budget is None],
-                             dilation=s.dilation, sweep=sweep)
+                             dilation=s.dilation, sweep=sweep, compute=s.compute, stages=s.stages)
         elapsed = time.monotonic() - self.started + self.seconds_before
         self.log(f"[{elapsed:5.0f} s] {first.sweep}: {', '.join(f'{km:g}' for km in kms)} km, "
                  f"{first.rate_bps / 1e6:g} Mbit/s, m={first.microbatches}, {', '.join(schedules)}"
@@ -291,7 +292,7 @@ class Experiment:
         if point.schedule not in MODELLED:
             return
         plan = backend.state.plan
-        hosts = RunOptions(schedules=["1f1b"]).hosts(plan)
+        hosts = RunOptions(schedules=["1f1b"], stages=self.spec.stages).hosts(plan)
         crossing = [a.dc != b.dc for a, b in zip(hosts, hosts[1:], strict=False)]
         fabric = [lk.rate_bps for lk in stage_links(plan, hosts)]
         delays = [point.delay_s if c else 0.0 for c in crossing]
@@ -319,7 +320,7 @@ class Experiment:
         plan = getattr(state, "plan", None)
         if plan is None:
             return self.spec.dilation
-        workers = len(RunOptions(schedules=["1f1b"]).hosts(plan))
+        workers = len(RunOptions(schedules=["1f1b"], stages=self.spec.stages).hosts(plan))
         d = plan_dilation(self.spec.dilation, workers, os.cpu_count() or 1)
         return f"k = {d.factor:.3f} ({d.reason})" if d.on else f"off ({d.reason})"
 
