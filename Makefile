@@ -27,7 +27,7 @@ APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openv
 	rdma-core ibverbs-utils perftest python3-pyverbs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install apt stock-kernel test test-host test-unit multihost vm-test vm-test-remote lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport bench-schedules-transport breakdown bench-repro bench-overhead cli clean
+.PHONY: demo demo-profile install apt stock-kernel test test-host test-unit multihost vm-test vm-test-remote lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport bench-schedules-transport breakdown bench-repro bench-replay bench-overhead cli clean
 
 install: $(STAMP) stock-kernel
 
@@ -100,6 +100,14 @@ lint: install
 demo: install
 	$(TESTBED) experiment $(DEMO_ARGS)
 
+# The paper's regime with compute as time (docs/compute.md): a 7B-class GPT on one H100 per stage
+# (profiles/gpt-7b-h100.yaml), 8 stages over two DCs, 0-3000 km, the headline budget and a budget sweep; the
+# network, schedules and memory budget are real, the compute is the profile's. About 10 minutes on 2 cores.
+demo-profile: install
+	$(TESTBED) experiment --topology 2dc-8stages --stages 8 --compute $(or $(PROFILE),gpt-7b-h100) \
+		--distances 0,500,1000,2000,3000 --focus 1000 --repetitions 2 --microbatches 32 \
+		--schedules 1f1b,1f1b-prefetch,geopipe --budgets 1f1b+0,1f1b+2,1f1b+4 --rates "" --memory-budget 1f1b+1 $(DEMO_ARGS)
+
 plan: install
 	$(TESTBED) plan $(TOPO)
 
@@ -151,7 +159,11 @@ breakdown: install
 
 # The focus point (1000 km, 1f1b-prefetch and geopipe interleaved) RUNS times: spread of step times, speed-up, plans.
 bench-repro: install
-	$(PY) bench/repro.py --runs $(or $(RUNS),3) $(ARGS)
+	$(PY) bench/repro.py --runs $(or $(RUNS),$(if $(filter-out real,$(or $(COMPUTE),real)),5,3)) --compute $(or $(COMPUTE),real) $(ARGS)
+
+# Replay validated against real: real minus replay at 0 and 1000 km, and what the real run's breakdown accounts for.
+bench-replay: install
+	$(PY) bench/replay_vs_real.py $(ARGS)
 
 # One part of the apparatus, variant against variant, interleaved (COMPARE=daemon|tcp|mtu|comm|dilation).
 bench-overhead: install

@@ -5,9 +5,15 @@ schedule's step time, geopipe's step-time speed-up over 1f1b-prefetch and its cu
 extra micro-batches geopipe's plan chose in each run's warm-up.
 
     .venv/bin/python bench/repro.py [--runs 3] [--km 1000] [--memory-budget 1f1b+1] [--dilation off]
+                                    [--compute real|replay|replay:FILE|PROFILE]
+
+With compute as time, PyTorch's 1F1B (real compute only) is left out; `--compute replay` profiles this host in the
+first run and replays that table (its compute.json) in every later one, so the runs differ only by what the
+emulator and the executor do.
 
 Prints every run and, per figure, the median, min-max and the largest deviation from the median in percent;
-exit status 1 when the speed-up strays more than --tolerance (default 5 %) from its median or two runs planned
+exit status 1 when the speed-up strays more than --tolerance (default 5 %, 1 % with compute as time) from its
+median, a schedule's step more than --step-tolerance (timed compute only, default 2 %), or two runs planned
 different extra micro-batches.
 """
 
@@ -39,9 +45,16 @@ def main() -> int:
     parser.add_argument("--memory-budget", default="1f1b+1")
     parser.add_argument("--microbatches", type=int, default=64)
     parser.add_argument("--dilation", default="off")
-    parser.add_argument("--tolerance", type=float, default=0.05)
+    parser.add_argument("--tolerance", type=float)
+    parser.add_argument("--step-tolerance", type=float, default=0.02)
+    parser.add_argument("--compute", default="real")
     parser.add_argument("--results", default="results/bench-repro")
     args = parser.parse_args()
+    timed = args.compute != "real"
+    if args.tolerance is None:
+        args.tolerance = 0.01 if timed else 0.05
+    args.schedules = [s for s in SCHEDULES if not (timed and s.startswith("torch-"))]
+    compute = args.compute
     name = f"rp{os.getpid() % 10000}"
     lifecycle.up(resolve_topology("2dc-1000km"), name)
     runs: list[dict[str, ScheduleSummary]] = []
@@ -50,12 +63,15 @@ def main() -> int:
         swept = backend.state.plan.directions[0]
         set_link(backend, swept.src_dc, swept.dst_dc, delay_s=args.km * FIBRE_DELAY_S_PER_KM)
         for i in range(args.runs):
-            options = RunOptions(schedules=list(SCHEDULES), microbatches=args.microbatches,
-                                 memory_budget=args.memory_budget, unbudgeted=["torch-1f1b"], dilation=args.dilation)
-            _, summary = run_schedules(backend, options, Path(args.results), log=lambda _m: None)
+            options = RunOptions(schedules=list(args.schedules), microbatches=args.microbatches,
+                                 memory_budget=args.memory_budget, unbudgeted=["torch-1f1b"], dilation=args.dilation,
+                                 compute=compute)
+            run_dir, summary = run_schedules(backend, options, Path(args.results), log=lambda _m: None)
+            if compute == "replay":              # the first run's profile of this host, replayed from now on
+                compute = f"replay:{run_dir / 'compute.json'}"
             runs.append({s.schedule: s for s in summary.schedules})
-            print(f"run {i + 1}: " + ", ".join(f"{s} {runs[-1][s].step_time_s:.3f} s" for s in SCHEDULES)
-                  + f"; plan {_plan(runs[-1]['geopipe'])}", flush=True)
+            print(f"run {i + 1}: " + ", ".join(f"{s} {runs[-1][s].step_time_s:.3f} s" for s in args.schedules)
+                  + f"; plan {_plan(runs[-1]['geopipe'])}; {summary.compute_line()}", flush=True)
     finally:
         lifecycle.down(name)
     return report(runs, args)
@@ -75,7 +91,7 @@ def _cut(run: dict[str, ScheduleSummary]) -> float:
 
 
 def report(runs: list[dict[str, ScheduleSummary]], args: argparse.Namespace) -> int:
-    figures = {f"{s} step s": [r[s].step_time_s for r in runs] for s in SCHEDULES}
+    figures = {f"{s} step s": [r[s].step_time_s for r in runs] for s in args.schedules}
     figures["geopipe speed-up over 1f1b-prefetch"] = [_speedup(r) for r in runs]
     figures["geopipe bubble cut vs 1f1b-prefetch"] = [_cut(r) for r in runs]
     rows = []
@@ -86,16 +102,25 @@ def report(runs: list[dict[str, ScheduleSummary]], args: argparse.Namespace) -> 
                      f"{spread:.1%}"])
     print(table.render(["figure", "runs", "median", "min-max", "largest deviation"], rows,
                        f"\n{args.runs} runs at {args.km:g} km, budget {args.memory_budget}, dilation {args.dilation}, "
-                       f"each run the schedules interleaved"))
+                       f"compute {args.compute}, each run the schedules interleaved"))
     plans = [_plan(r["geopipe"]) for r in runs]
     print(f"geopipe's plan (extra micro-batches per stage) in each run's warm-up: {', '.join(plans)}")
     speedups = figures["geopipe speed-up over 1f1b-prefetch"]
     med = statistics.median(speedups)
     stray = [v for v in speedups if abs(v / med - 1) > args.tolerance]
-    ok = not stray and len(set(plans)) == 1
+    steps_ok = True
+    if args.compute != "real":
+        for s in args.schedules:
+            values = figures[f"{s} step s"]
+            worst = max(abs(v / statistics.median(values) - 1) for v in values)
+            steps_ok = steps_ok and worst <= args.step_tolerance
+            print(f"{s}: every step within {worst:.2%} of its median (bound {args.step_tolerance:.0%})")
+    ok = not stray and len(set(plans)) == 1 and steps_ok
     print(("PASS" if ok else "FAIL") + f": speed-up within +-{args.tolerance:.0%} of its median "
           f"({'yes' if not stray else 'no: ' + ', '.join(f'{v:.3f}' for v in stray)}), one plan "
-          f"({'yes' if len(set(plans)) == 1 else 'no'})")
+          f"({'yes' if len(set(plans)) == 1 else 'no'})" + ("" if args.compute == "real" else
+                                                          f", steps within +-{args.step_tolerance:.0%}: "
+                                                          + ("yes" if steps_ok else "no")))
     return 0 if ok else 1
 
 

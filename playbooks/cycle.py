@@ -22,7 +22,7 @@ from testbed.check.checks import Check
 from testbed.plan.builder import build_plan
 from testbed.remote import readings
 from testbed.remote.fleet import CycleError, Fleet, HostFacts
-from testbed.remote.hostshape import HostShape, path_of
+from testbed.remote.hostshape import HostShape
 from testbed.remote.inventory import Inventory, Machine
 from testbed.remote.rdma import check_transport, choose_transport, verify_rdma
 from testbed.remote.shapes import attach, shape_machines
@@ -31,6 +31,7 @@ from testbed.remote.verify import verify_pairs
 from testbed.remote.workers import run_schedule
 from testbed.run import metrics
 from testbed.run.attempts import Attempt, attempt_folder, best_attempt
+from testbed.run.compute import run_table
 from testbed.run.placement import PlacementError, place_stages
 from testbed.run.runner import (
     RunError,
@@ -40,12 +41,15 @@ from testbed.run.runner import (
     keep_attempt,
     link_timing,
     measure,
+    stage_links,
     write_run,
 )
 from testbed.run.summary import RunSummary, ScheduleSummary, StageLink
 from testbed.run.transport import TransportChoice, TransportError
 from testbed.shaping.delayline import STATS_INTERVAL_S
+from testbed.topology import TopologyError
 from testbed.util.interrupts import cleanup
+from workloads.compute import ComputeError, CostTable
 from workloads.records import TCP, RankTrace
 
 __all__ = ["Cycle", "CycleError", "HostFacts", "full_cycle", "stage_machines"]
@@ -108,10 +112,11 @@ class Cycle(Fleet):
         contract."""
         chosen = stage_machines(self.inventory, options)
         plan = build_plan(self.inventory.topology, self.testbed)
-        links = []
-        for a, b in zip(chosen, chosen[1:], strict=False):
-            delay, rate, _ = path_of(plan, a.dc, b.dc) if a.dc != b.dc else (0.0, plan.fabric_rate_bps(a.dc), 0)
-            links.append(StageLink(delay, rate))
+        links = stage_links(plan, chosen)
+        try:
+            table = run_table(options.compute, links, plan.topology)
+        except (ComputeError, TopologyError) as exc:
+            raise RunError(f"--compute {options.compute.text}: {exc}") from None
         run_id = run_id or time.strftime("%Y%m%d-%H%M%S") + "-remote-" + "-".join(options.schedules)
         run_dir = self.results_root / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -131,8 +136,9 @@ class Cycle(Fleet):
             self.log(f"  run       {schedule}: {len(chosen)} stages on {', '.join(m.name for m in chosen)}")
             best, repeats = best_attempt(
                 lambda attempt, schedule=schedule: self._measure(schedule, options, chosen, links, plan,
-                                                                 attempt_folder(run_dir, attempt), run_id, baseline),
-                self.log)
+                                                                 attempt_folder(run_dir, attempt), run_id, baseline,
+                                                                 table),
+                self.log, cpu_matters=not options.compute.timed)
             ranks, measured = best.value
             measured.repeated = repeats
             keep_attempt(run_dir / schedule, best.where / schedule)
@@ -156,12 +162,14 @@ class Cycle(Fleet):
         return run_dir, summary
 
     def _measure(self, schedule: str, options: RunOptions, chosen: list[Machine], links: list[StageLink], plan: Any,
-                 where: Path, run_id: str, baseline: dict[str, float]) -> Attempt[tuple[list[RankTrace], ScheduleSummary]]:
+                 where: Path, run_id: str, baseline: dict[str, float], table: CostTable | None = None
+                 ) -> Attempt[tuple[list[RankTrace], ScheduleSummary]]:
         """One schedule run once on the machines, with its host load and its link timing beyond `baseline`."""
         tokens = options.microbatches * options.microbatch_size * options.model.block_size
         shaped = set(self.shapes)
         before, holds_before, began = readings.loads(self, chosen), readings.counters(self, shaped)[1], time.monotonic()
-        ranks, fetch_s = run_schedule(self, schedule, options, chosen, links, where / schedule, run_id, self.transport)
+        ranks, fetch_s = run_schedule(self, schedule, options, chosen, links, where / schedule, run_id, self.transport,
+                                      table)
         self.collect_s += fetch_s
         time.sleep(STATS_INTERVAL_S)           # the daemons' statistics cover the run's last packets
         measured = measure(schedule, ranks, tokens, links, self.transport.kind.receiver_driven)

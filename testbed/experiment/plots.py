@@ -25,7 +25,7 @@ COLORS = {"gpipe": "tab:gray", "1f1b": "tab:red", "1f1b-prefetch": "tab:orange",
 def render_all(exp_dir: Path) -> list[Path]:
     record = ExperimentRecord.load(exp_dir)
     out = [bubble_vs_distance(record, exp_dir / "bubble_vs_distance.png"),
-           gantt(record, exp_dir / "timeline_1f1b_vs_geopipe.png")]
+           gantt(record, exp_dir / "timeline_1f1b_vs_geopipe.png"), cut_vs_distance(record, exp_dir / "bubble_cut.png")]
     if record.budget_points():
         out.append(memory_budget(record, exp_dir / "memory_budget.png"))
     if record.sweep("rate"):
@@ -70,6 +70,30 @@ def bubble_vs_distance(record: ExperimentRecord, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def cut_vs_distance(record: ExperimentRecord, path: Path) -> Path | None:
+    """geopipe's bubble cut against 1f1b and against 1f1b-prefetch per distance, beside the paper's 78.91 %."""
+    kms = sorted({p.distance_km for p in record.sweep("distance")})
+    series: dict[str, list[tuple[float, float]]] = {"1f1b": [], "1f1b-prefetch": []}
+    for km in kms:
+        pts = record.headline_points(km=km)
+        geo = [p.bubble for p in pts if p.schedule == "geopipe" and p.bubble is not None]
+        for base in series:
+            ref = [p.bubble for p in pts if p.schedule == base and p.bubble is not None]
+            if geo and ref and statistics.median(ref) > 0:
+                series[base].append((km, 1 - statistics.median(geo) / statistics.median(ref)))
+    if not any(series.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for base, values in series.items():
+        if values:
+            ax.plot([k for k, _ in values], [100 * c for _, c in values], "o-", color=COLORS[base],
+                    label=f"geopipe vs {base}")
+    ax.axhline(78.91, color="black", linestyle=":", label="GeoPipe paper: up to 78.91 % vs 1F1B")
+    ax.set_ylabel("bubble cut (%)")
+    ax.set_title(f"GeoPipe's bubble cut ({record.spec.compute} compute)")
+    return _finish(fig, ax, "cross-DC distance (km)", path)
 
 
 def _focus_run(record: ExperimentRecord, schedule: str) -> Path | None:

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,6 +115,7 @@ class Experiment:
         self.resumed = 0
         self.seconds_before = 0.0
         self.started = time.monotonic()
+        self._layout: list[tuple[bool, float]] | None = None
         first = load_topology(resolve_topology(spec.topology)).links[0]
         self.base_rate_bps = first.a_to_b.rate_bps
         """The swept link's own rate (the topology's first OTN link, a -> b): plan.directions[0]."""
@@ -291,12 +293,7 @@ class Experiment:
         the fabric on the others), fed by the compute of the point's own launch, and by the 0 km launch's."""
         if point.schedule not in MODELLED:
             return
-        plan = backend.state.plan
-        hosts = RunOptions(schedules=["1f1b"], stages=self.spec.stages).hosts(plan)
-        crossing = [a.dc != b.dc for a, b in zip(hosts, hosts[1:], strict=False)]
-        fabric = [lk.rate_bps for lk in stage_links(plan, hosts)]
-        delays = [point.delay_s if c else 0.0 for c in crossing]
-        rates = [point.rate_bps if c else f for c, f in zip(crossing, fabric, strict=True)]
+        delays, rates = self._stage_links(backend, point.delay_s, point.rate_bps)
         own = self._launch_times(Path(point.run_dir))
         if own is not None:
             pred, _ = predict(point.schedule, own, point.microbatches, delays, rates, point.memory_budget,
@@ -306,6 +303,17 @@ class Experiment:
             pred, _ = predict(point.schedule, self.times, point.microbatches, delays, rates, point.memory_budget,
                               self.overhead_s, transport=point.transport)
             point.predicted_step_from_0km_s = pred.iteration_s
+
+    def _stage_links(self, backend: Backend | None, delay_s: float, rate_bps: float) -> tuple[list[float], list[float]]:
+        """Delay and rate of every stage link with the swept link at (delay_s, rate_bps): it on the links that
+        cross DCs, the fabric on the others (the layout is remembered while the testbed is up)."""
+        if backend is not None and self._layout is None:
+            plan = backend.state.plan
+            hosts = RunOptions(schedules=["1f1b"], stages=self.spec.stages).hosts(plan)
+            self._layout = [(a.dc != b.dc, lk.rate_bps) for (a, b), lk in
+                            zip(zip(hosts, hosts[1:], strict=False), stage_links(plan, hosts), strict=True)]
+        layout = self._layout or [(True, rate_bps)]
+        return [delay_s if c else 0.0 for c, _ in layout], [rate_bps if c else f for c, f in layout]
 
     def _launch_times(self, run_dir: Path) -> StageTimes | None:
         """Model inputs from one launch: its 1f1b's traces, else those of the first of our schedules it ran."""
@@ -336,15 +344,17 @@ class Experiment:
                "transport": " + ".join(TRANSPORTS[t].label + (" (SoftRoCE)" if t == RDMA.key else "")
                                         for t in self.spec.transports), "versions": _versions(), "cpus": os.cpu_count(),
                "seconds": time.monotonic() - self.started + self.seconds_before,
-               "dilation": self._dilation(state)}
+               "dilation": self._dilation(state), "compute": self.spec.compute,
+               "fb_per_microbatch_s": statistics.median(f + b for f, b in zip(self.times.forward_s, self.times.backward_s,
+                                                                              strict=True)) if self.times else None}
         (self.dir / "environment.json").write_text(json.dumps(env, indent=1))
         predictions = []
         if self.times is not None:
             for km in self.spec.predict_km:
                 for schedule in (s for s in self.spec.schedules if s in MODELLED):
-                    pred, _ = predict(schedule, self.times, self.spec.microbatches, [km * FIBRE_DELAY_S_PER_KM],
-                                      [self.base_rate_bps], applied_budget(schedule, self.spec.memory_budget),
-                                      self.overhead_s)
+                    delays, rates = self._stage_links(backend, km * FIBRE_DELAY_S_PER_KM, self.base_rate_bps)
+                    pred, _ = predict(schedule, self.times, self.spec.microbatches, delays, rates,
+                                      applied_budget(schedule, self.spec.memory_budget), self.overhead_s)
                     predictions.append(ModelPrediction(km, schedule, bubble_vs_reference(pred, self.times),
                                                        pred.iteration_s))
         missing = [st.label for st in self.missing()]

@@ -11,7 +11,7 @@ from testbed.remote.fleet import Fleet
 from testbed.remote.hostshape import HostShape
 from testbed.remote.inventory import Machine
 from testbed.remote.verify import dc_pair
-from testbed.run.runner import RunOptions, describe_transport
+from testbed.run.runner import RunOptions, compute_fields, describe_transport
 from testbed.run.summary import LinkRecord, RunSummary, ScheduleSummary, StageLink, StagePlacement
 from testbed.run.transport import TransportChoice
 from workloads.records import RankTrace
@@ -54,4 +54,4 @@ def remote_summary(fleet: Fleet, run_id: str, plan: Any, chosen: list[Machine], 
         transport_detail={s: [r.transport_detail for r in ranks] for s, ranks in traces.items() if transport.devices},
         kernel=", ".join(sorted({facts[m.name].kernel for m in chosen})), cpus=cpus,
         oversubscribed=oversubscribed, workers=len(chosen), delay_daemons=daemons,
-        options=options.to_json(), schedules=summaries, daemon_restarts=0)
+        options=options.to_json(), schedules=summaries, daemon_restarts=0, **compute_fields(options, traces))

@@ -18,11 +18,13 @@ from testbed.run.runner import RunError, RunOptions
 from testbed.run.summary import StageLink
 from testbed.run.transport import TransportChoice
 from testbed.util.interrupts import cleanup, raise_if_pending
+from workloads.compute import CostTable
 from workloads.records import RankTrace, WorkerConfig
 
 
 def run_schedule(fleet: Fleet, schedule: str, options: RunOptions, chosen: list[Machine], links: list[StageLink],
-                 out_dir: Path, run_id: str, transport: TransportChoice) -> tuple[list[RankTrace], float]:
+                 out_dir: Path, run_id: str, transport: TransportChoice, table: CostTable | None = None
+                 ) -> tuple[list[RankTrace], float]:
     """Rank i on chosen[i]; the traces and logs in out_dir, and the seconds spent fetching them."""
     master = chosen[0]
     port = fleet.agent(master, PortReply, "freeport", master.data_address).port
@@ -41,7 +43,8 @@ def run_schedule(fleet: Fleet, schedule: str, options: RunOptions, chosen: list[
                 cpu=rank % (facts.env.cpus or 1), timeout_s=max(60.0, options.hang_timeout_s),
                 dump_gradients=options.dump_gradients, transport=transport.name, rdma_slots=options.rdma_slots,
                 rdma_mtu=transport.path_rdma_mtu, rdma_device=transport.devices[rank].name if transport.devices else "",
-                rdma_gid_index=transport.devices[rank].gid_index if transport.devices else -1)
+                rdma_gid_index=transport.devices[rank].gid_index if transport.devices else -1,
+                compute=options.compute.kind, cost_table=table)
             local = out_dir / f"worker-{rank}.json"
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_text(json.dumps(config.to_json(), indent=1))

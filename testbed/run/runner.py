@@ -503,7 +503,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         load.compute_drift = compute_drift(measured_by.values())
         return Attempt((ranks_by, measured_by), load, timing, where)
 
-    best, repeats = best_attempt(attempt_once, log)
+    best, repeats = best_attempt(attempt_once, log, cpu_matters=not options.compute.timed)
     traces, measured_by = best.value
     if best.where != run_dir and (best.where / "compute.json").exists():
         (best.where / "compute.json").replace(run_dir / "compute.json")    # the kept launch's own profile
@@ -536,9 +536,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         transport_detail={s: [r.transport_detail for r in ranks] for s, ranks in traces.items() if transport.devices},
         kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed and not dilation.on, dilation=dilation,
         workers=len(hosts), delay_daemons=daemons, options=options.to_json(), schedules=summaries,
-        daemon_restarts=_restarts(shaper) - restarts_before, compute=options.compute.text,
-        compute_detail=_table_of(traces).description if _table_of(traces) else "", arithmetic=not options.compute.timed,
-        fb_per_microbatch_s=fb_per_microbatch(traces), rate_scale=_table_of(traces).rate_scale if _table_of(traces) else [])
+        daemon_restarts=_restarts(shaper) - restarts_before, **compute_fields(options, traces))
     write_run(run_dir, summary, traces, plan, log)
     return run_dir, summary
 
@@ -556,7 +554,15 @@ def describe_compute(mode: ComputeMode, table: CostTable | None) -> str:
                                                      if any(x != 1 for x in scale) else ""))
 
 
-def _table_of(traces: dict[str, list[RankTrace]]) -> CostTable | None:
+def compute_fields(options: RunOptions, traces: dict[str, list[RankTrace]]) -> dict[str, Any]:
+    """What a run's summary says of its compute (one machine and several alike)."""
+    table = table_of(traces)
+    return {"compute": options.compute.text, "compute_detail": table.description if table else "",
+            "arithmetic": not options.compute.timed, "fb_per_microbatch_s": fb_per_microbatch(traces),
+            "rate_scale": list(table.rate_scale) if table else []}
+
+
+def table_of(traces: dict[str, list[RankTrace]]) -> CostTable | None:
     """The cost table the workers replayed (the one they profiled, for `replay`)."""
     return next((r.config.cost_table for ranks in traces.values() for r in ranks if r.config.cost_table), None)
 
@@ -566,7 +572,7 @@ def fb_per_microbatch(traces: dict[str, list[RankTrace]]) -> float | None:
     over its micro-batches (the first schedule with one)."""
     import statistics
 
-    table = _table_of(traces)
+    table = table_of(traces)
     if table is not None:
         return table.host_fb_s
     for ranks in traces.values():
