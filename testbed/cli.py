@@ -20,15 +20,15 @@ from testbed.backends.base import BackendError
 from testbed.backends.mininet_net import SWITCH_KINDS
 from testbed.backends.registry import BACKENDS
 from testbed.deploy import lifecycle
+from testbed.errors import TestbedError
 from testbed.plan import build_plan
 from testbed.plan.render import render_plan
 from testbed.rdma.support import ROUTES, rxe_in_namespaces
 from testbed.run.dilation import DEFAULT_DILATION as DILATION
 from testbed.run.transport import AUTO, CHOICES
 from testbed.shaping.registry import CHOICES as SHAPER_CHOICES
-from testbed.shaping.registry import ShaperError
 from testbed.state import store as statefile
-from testbed.topology import TopologyError, load_topology
+from testbed.topology import load_topology
 from testbed.util import units
 from testbed.util.interrupts import Interrupted, unwinding
 from testbed.util.paths import DEFAULT_TOPOLOGY, resolve_topology
@@ -592,18 +592,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise BackendError(f"'testbed {args.cmd}' needs root (network namespaces); run it with sudo")
         with unwinding():
             return int(args.func(args))
-    except TopologyError as exc:
-        n = len(exc.problems)
-        what = "inventory" if type(exc).__name__ == "InventoryError" else "topology"
-        print(f"testbed: invalid {what} {exc.source} ({n} problem{'s' if n != 1 else ''})", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  {problem.render(exc.source)}", file=sys.stderr)
-        return 2
-    except (BackendError, ShaperError) as exc:
-        print(f"testbed: {exc}", file=sys.stderr)
-        return 1
-    except Interrupted as exc:
-        _say(f"testbed: {exc}; everything this command created was removed")
+    except (TestbedError, Interrupted) as exc:    # every error a user can reach, and a signal
+        lines = exc.lines()
+        _say("\n".join([f"testbed: {lines[0]}", *lines[1:]]))
         return exc.exit_code
 
 

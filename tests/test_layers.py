@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LAYERS = ["util", "topology", "plan", "state", "backends", "probe", "shaping", "rdma", "deploy", "check", "run", "remote",
-          "experiment", "cli", "__main__"]
+LAYERS = ["errors", "util", "topology", "plan", "state", "backends", "probe", "shaping", "rdma", "deploy", "check", "run",
+          "remote", "experiment", "cli", "__main__"]
 """testbed's subpackages (and top-level modules) lowest first: each may import only from those before it."""
 
 

@@ -21,10 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workloads.errors import TestbedError
+
 REAL, REPLAY, PROFILE = "real", "replay", "profile"
 
 
-class ComputeError(ValueError):
+class ComputeError(TestbedError, ValueError):
     """A --compute value or a cost table that cannot be used; the message names the file or value and the fix."""
 
 

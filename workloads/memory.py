@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from workloads.errors import TestbedError
+
 
 def pipeline_warmup(stage: int, stages: int) -> int:
     """1F1B's warm-up forwards on `stage` (p-1-s): it holds one more micro-batch than that at its peak."""
@@ -82,5 +84,5 @@ class MemoryBudget:
                                 stash_bytes=stash_bytes[s], activation_bytes=activation_bytes) for s in range(stages)]
 
 
-class BudgetExceeded(RuntimeError):
+class BudgetExceeded(TestbedError, RuntimeError):
     """A stage held more in-flight memory than its budget allows."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from workloads.errors import TestbedError
 from workloads.memory import activation_lookahead, pipeline_warmup
 
 
@@ -158,7 +159,7 @@ def from_text(text: str) -> Schedule:
     return [[Action.parse(t) for t in line.split()] for line in text.strip().splitlines()]
 
 
-class ScheduleError(ValueError):
+class ScheduleError(TestbedError, ValueError):
     """A schedule that cannot run: names the rank, the position and what is wrong."""
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workloads.errors import TestbedError
 from workloads.schedule import Action, Op, Schedule
 
 
@@ -71,7 +72,7 @@ class Prediction:
         return sum(self.bubble_ratio) / len(self.bubble_ratio)
 
 
-class Deadlock(RuntimeError):
+class Deadlock(TestbedError, RuntimeError):
     """No rank can move: each blocked rank's next action and what it waits for."""
 
 

@@ -11,11 +11,12 @@ from typing import Any
 from pyroute2 import IPRoute
 
 from testbed.backends import nsfs
+from testbed.errors import TestbedError
 from testbed.plan.model import Plan
 from testbed.state.store import TestbedState
 
 
-class BackendError(RuntimeError):
+class BackendError(TestbedError, RuntimeError):
     """A backend could not build, enter or remove a testbed; the message says why and what to do."""
 
 

@@ -13,10 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.errors import TestbedError
+
 CGROUP_ROOT = Path(os.environ.get("TESTBED_CGROUP_ROOT", "/sys/fs/cgroup"))
 
 
-class CgroupError(RuntimeError):
+class CgroupError(TestbedError, RuntimeError):
     """CPU caps are not available here; the message says what is missing and what to do."""
 
 

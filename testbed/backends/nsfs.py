@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from testbed.errors import TestbedError
+
 NETNS_RUN_DIR = "/run/netns"
 CLONE_NEWNET = 0x40000000
 MS_BIND = 0x1000
@@ -136,8 +138,12 @@ def enter_in_child(name: str) -> None:
     os.close(fd)
 
 
-class SysctlRefused(OSError):
+class SysctlRefused(TestbedError, OSError):
     """The kernel refused a sysctl value; the message says which and, where known, what it allows."""
+
+    def __init__(self, errno: int, message: str) -> None:
+        super().__init__(message)
+        self.errno, self.strerror = errno, message
 
 
 def write_sysctl(key: str, value: str) -> None:

@@ -22,12 +22,13 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed.errors import TestbedError
 from testbed.util.paths import REPO_ROOT
 
 GUEST_MODULES = ("sch_netem", "rdma_rxe", "openvswitch")
 
 
-class VmUnavailable(RuntimeError):
+class VmUnavailable(TestbedError, RuntimeError):
     """What is missing for the stock-kernel tier, and how to install it."""
 
 

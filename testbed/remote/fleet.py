@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from testbed.errors import TestbedError
 from testbed.remote.inventory import Inventory, Machine
 from testbed.remote.replies import EnvReply, RemovedReply
 from testbed.remote.ssh import RemoteError, Session
@@ -39,7 +40,7 @@ TORCH_IMPORT_S = 600
 machines at once in a TCG guest. Only a failure waits this long."""
 
 
-class CycleError(RuntimeError):
+class CycleError(TestbedError, RuntimeError):
     """A step failed on one or more machines (each named)."""
 
 

@@ -42,6 +42,8 @@ MAX_INVENTORY_BYTES = 256 * 1024
 class InventoryError(TopologyError):
     """An inventory file is invalid (same form as topology errors: file, key path, problem, fix)."""
 
+    what = "inventory"
+
 
 @dataclass(frozen=True, slots=True)
 class Jump:

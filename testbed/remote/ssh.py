@@ -17,6 +17,7 @@ from typing import Any
 import paramiko
 from fabric import Connection
 
+from testbed.errors import TestbedError
 from testbed.remote.inventory import Machine
 
 CONNECT_TIMEOUT_S = 5.0
@@ -26,7 +27,7 @@ HANDSHAKE_TIMEOUT_S = 60.0
 logins at once) is slow, not wrong."""
 
 
-class RemoteError(RuntimeError):
+class RemoteError(TestbedError, RuntimeError):
     """A step failed on one machine; the message starts with the machine's name."""
 
     def __init__(self, machine: str, message: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from testbed.backends import cgroups
 from testbed.backends.base import Backend
 from testbed.deploy.linkset import set_link
+from testbed.errors import TestbedError
 from testbed.plan.model import LinkDirection
 from testbed.util.interrupts import cleanup
 from workloads.records import IterationRecord, RankTrace, Span
@@ -41,7 +42,7 @@ PERIOD_S = 0.005
 times in small slices rather than once for long."""
 
 
-class DilationError(ValueError):
+class DilationError(TestbedError, ValueError):
     """A dilation that cannot be had here (the message says why and what to use)."""
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from testbed.errors import TestbedError
+
 PLACEMENTS = ("spread", "fill")
 
 
-class PlacementError(ValueError):
+class PlacementError(TestbedError, ValueError):
     """The stages cannot be placed as asked; the message says what would work."""
 
 

@@ -26,6 +26,7 @@ from testbed.backends.base import Backend
 from testbed.backends.cgroups import WorkerCap
 from testbed.check.links import check_delays, daemons_cpu, delay_tolerance
 from testbed.deploy.linkset import set_link
+from testbed.errors import TestbedError
 from testbed.plan.builder import HOST_IFNAME, reshape
 from testbed.plan.model import LinkDirection, Node, Plan
 from testbed.run import metrics
@@ -66,7 +67,7 @@ from workloads.schedule import SCHEDULES
 
 ALL_SCHEDULES = (*SCHEDULES, *TORCH_SCHEDULES)
 """Ours (schedules as data) and PyTorch's own, run on the same model and timed the same way."""
-class RunError(RuntimeError):
+class RunError(TestbedError, RuntimeError):
     """The run failed; the message names the worker and quotes its log."""
 
 

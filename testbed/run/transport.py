@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from testbed.errors import TestbedError
 from testbed.plan.model import Node, Plan
 from testbed.rdma.softroce import rdma_mtu_for
 from testbed.rdma.support import ROUTES, rxe_in_namespaces
@@ -21,7 +22,7 @@ CHOICES = (*TRANSPORTS, AUTO)
 """What --transport takes: a transport's key, or auto (rdma where it can run, tcp otherwise)."""
 
 
-class TransportError(RuntimeError):
+class TransportError(TestbedError, RuntimeError):
     """`--transport rdma` cannot run here; the message names what is missing."""
 
 

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.backends.base import Backend
+from testbed.errors import TestbedError
 from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb
 from testbed.state.records import ShaperRecord
 
 
-class ShaperError(RuntimeError):
+class ShaperError(TestbedError, RuntimeError):
     """A shaper cannot deliver what the plan asks; the message says what is missing and what to do."""
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from testbed.errors import TestbedError
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
@@ -21,10 +23,21 @@ class Problem:
         return f"{where}: {self.problem}; {self.fix}"
 
 
-class TopologyError(ValueError):
+class TopologyError(TestbedError, ValueError):
     """A topology file is invalid. Carries every problem found, each with file, key path and fix."""
+
+    exit_code = 2
+    what = "topology"
+    """What kind of file `source` is, as the command line names it."""
 
     def __init__(self, source: str, problems: list[Problem]) -> None:
         self.source = source
         self.problems = list(problems)
         super().__init__("\n".join(p.render(source) for p in self.problems))
+
+    def lines(self) -> list[str]:
+        """One line for one problem; else a headline and every problem (all of them, at once) on its own line."""
+        if len(self.problems) == 1:
+            return [f"invalid {self.what}: {self.problems[0].render(self.source)}"]
+        return [f"invalid {self.what} {self.source} ({len(self.problems)} problems)",
+                *(f"  {p.render(self.source)}" for p in self.problems)]

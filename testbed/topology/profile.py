@@ -38,6 +38,8 @@ SECTIONS: dict[str, dict[str, Any]] = {
 class ProfileError(TopologyError):
     """A deployment profile is invalid or unknown; every problem with file, key and fix."""
 
+    what = "deployment profile"
+
 
 @dataclass(frozen=True, slots=True)
 class DeploymentProfile:

@@ -33,6 +33,11 @@ class Interrupted(BaseException):
         """128 + the signal number, as shells report a command ended by it (130 for Ctrl-C)."""
         return 128 + self.signum
 
+    def lines(self) -> list[str]:
+        """What the command line says on its way out (the same interface as testbed.errors.TestbedError, which
+        this is not beneath: a signal must pass `except Exception`, as KeyboardInterrupt does)."""
+        return [f"{self}; everything this command created was removed"]
+
 
 _depth = 0
 _cleaning = 0

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import re
 
+from testbed.errors import TestbedError
+
 _NUMBER = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
 
-class UnitError(ValueError):
+class UnitError(TestbedError, ValueError):
     """A value could not be parsed as the expected quantity: what is wrong, and how to write it."""
 
     def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(f"{problem}; {fix}")
+        super().__init__(problem, hint=fix)
         self.problem = problem
         self.fix = fix
 

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from workloads.errors import TestbedError
+
 HEADER = struct.Struct("<IiIIIIQ")
 """magic, tag, sequence, chunk index, chunk count, chunk bytes, message bytes."""
 MAGIC = 0x7B3A_0001
@@ -41,7 +43,7 @@ IDLE_POLL_S = 0.002
 IB_MTUS = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 
 
-class RdmaError(RuntimeError):
+class RdmaError(TestbedError, RuntimeError):
     """A verbs call or a work completion failed; the message names the peer and the status."""
 
 
