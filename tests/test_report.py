@@ -119,11 +119,12 @@ def test_report_tables_flag_divergence_and_state_spread(experiment_dir: Path) ->
 def test_plots_and_reports_are_written(experiment_dir: Path) -> None:
     summary = report.rerender(experiment_dir)
     assert "memory budget at 1000 km" in summary and "at 1000 km, budget 1f1b+1" in summary
-    for name in ("bubble_vs_distance.png", "memory_budget.png"):
+    for name in ("bubble_vs_distance.png", "memory_budget.png", "bubble_cut.png"):
         png = experiment_dir / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     html = (experiment_dir / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 2 and "<table>" in html
+    assert html.count("data:image/png;base64,") == 3 and "<table>" in html
+    assert "GeoPipe paper reports a bubble cut of up to 78.91% against 1F1B" in summary
     assert "![bubble_vs_distance.png](bubble_vs_distance.png)" in (experiment_dir / "report.md").read_text()
 
 

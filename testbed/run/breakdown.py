@@ -147,6 +147,14 @@ class Breakdown:
                    cpus=int(data.get("cpus", 0)))
 
 
+def step_of(its: list[IterationRecord]) -> float:
+    """One iteration's step over its ranks (rank order): from the first stage's start to the last end. The first
+    stage needs no input, so the pipeline starts with it; a rank let out of the start barrier earlier (the barrier
+    crosses the emulated links: up to tens of ms apart) only waits for its first input, and one let out later
+    shows in the ends."""
+    return max(it.end for it in its) - its[0].start
+
+
 def breakdown(ranks: list[RankTrace], link_delay_s: list[float], link_rate_bps: list[float],
               receiver_driven: bool = True) -> Breakdown | None:
     """The breakdown of one schedule's run from its rank traces; None where the ranks recorded no per-span
@@ -155,9 +163,10 @@ def breakdown(ranks: list[RankTrace], link_delay_s: list[float], link_rate_bps: 
     if not steady or not all(_instrumented(r.iterations[i]) for r in ranks for i in steady) \
             or not all(r.reference_compute_s for r in ranks):
         return None
-    steps = [max(r.iterations[i].end for r in ranks) - min(r.iterations[i].start for r in ranks) for i in steady]
+    steps = [step_of([r.iterations[i] for r in ranks]) for i in steady]
+    origins = [ranks[0].iterations[i].start for i in steady]
     step = statistics.mean(steps)
-    stages = [_stage(r, [r.iterations[i] for i in steady], steps) for r in ranks]
+    stages = [_stage(r, [r.iterations[i] for i in steady], steps, origins) for r in ranks]
     ideal = _ideal(ranks, stages, link_delay_s, link_rate_bps, receiver_driven)
     result = Breakdown(stages=stages, step_s=step, ideal_step_s=ideal.iteration_s if ideal else None,
                        cpu=_ledger(ranks, steady), cpus=_cpus(ranks, steady))
@@ -172,7 +181,9 @@ def _instrumented(it: IterationRecord) -> bool:
     return bool(it.spans) and all(s.cpu_s is not None for s in it.spans) and it.main_cpu_s is not None
 
 
-def _stage(rank: RankTrace, its: list[IterationRecord], steps: list[float]) -> StageBreakdown:
+def _stage(rank: RankTrace, its: list[IterationRecord], steps: list[float], origins: list[float]) -> StageBreakdown:
+    """One stage's parts over its iterations; time before the step's origin (the first stage's start) is not in
+    the step, so a wait that began before it counts from it."""
     def mean(values: list[float]) -> float:
         return statistics.mean(values)
 
@@ -181,9 +192,9 @@ def _stage(rank: RankTrace, its: list[IterationRecord], steps: list[float]) -> S
     wall = mean([sum(s.seconds for s in c) for c in compute])
     cpu = mean([sum(s.cpu_s or 0.0 for s in c) for c in compute])
     runq = mean([sum(s.runq_s or 0.0 for s in c) for c in compute])
-    wait = mean([sum(s.seconds for s in w) for w in waits])
+    wait = mean([sum(max(0.0, s.end - max(s.start, o)) for s in w) for w, o in zip(waits, origins, strict=True)])
     wait_cpu = mean([sum(s.cpu_s or 0.0 for s in w) for w in waits])
-    own = mean([it.end - it.start for it in its])
+    own = mean([it.end - max(it.start, o) for it, o in zip(its, origins, strict=True)])
     reference = statistics.mean(rank.reference_compute_s)      # this run's own: before and after its iterations
     if rank.config.timed:       # compute as time: a span is the device's interval from the table, no CPU in it
         return StageBreakdown(

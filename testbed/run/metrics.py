@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from testbed.run.breakdown import step_of
 from testbed.run.summary import ScheduleSummary
 from workloads.layouts import stage_layout
 from workloads.records import RankTrace
@@ -24,7 +25,7 @@ def summarize(schedule: str, ranks: list[RankTrace], tokens_per_step: int) -> Sc
     waits: list[list[float]] = [[] for _ in ranks]
     for i in steady:
         its = [r.iterations[i] for r in ranks]
-        step = max(it.end for it in its) - min(it.start for it in its)
+        step = step_of(its)
         step_times.append(step)
         for s, it in enumerate(its):
             if it.compute_s is not None:
