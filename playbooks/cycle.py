@@ -32,7 +32,7 @@ from testbed.remote.workers import run_schedule
 from testbed.run import metrics
 from testbed.run.attempts import Attempt, attempt_folder, best_attempt
 from testbed.run.compute import run_table
-from testbed.run.placement import PlacementError, place_stages
+from testbed.run.placement import place_stages
 from testbed.run.runner import (
     RunError,
     RunOptions,
@@ -45,7 +45,7 @@ from testbed.run.runner import (
     write_run,
 )
 from testbed.run.summary import RunSummary, ScheduleSummary, StageLink
-from testbed.run.transport import TransportChoice, TransportError
+from testbed.run.transport import TransportChoice
 from testbed.shaping.delayline import STATS_INTERVAL_S
 from testbed.topology import TopologyError
 from testbed.util.interrupts import cleanup
@@ -120,10 +120,7 @@ class Cycle(Fleet):
         run_id = run_id or time.strftime("%Y%m%d-%H%M%S") + "-remote-" + "-".join(options.schedules)
         run_dir = self.results_root / run_id
         run_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            self.transport = choose_transport(self, plan, options.transport, chosen, options.schedules)
-        except TransportError as exc:
-            raise RunError(str(exc)) from None
+        self.transport = choose_transport(self, plan, options.transport, chosen, options.schedules)
         self.log(f"  run       transport {self.transport.name}: {self.transport.reason}")
         self.checks = [c for c in self.checks if not c.kind.startswith("rdma-")]   # this run's transport only
         if self.transport.devices:
@@ -191,11 +188,7 @@ def stage_machines(inventory: Inventory, options: RunOptions) -> list[Machine]:
     """The machines that run stage 0, 1, ... (testbed.run.placement), the model checked against them: before
     anything is set up on any machine."""
     machines = list(inventory.machines)
-    try:
-        chosen = [machines[i] for i in place_stages([(m.name, m.dc) for m in machines], options.stages,
-                                                    options.placement)]
-    except PlacementError as exc:
-        raise RunError(str(exc)) from None
+    chosen = [machines[i] for i in place_stages([(m.name, m.dc) for m in machines], options.stages, options.placement)]
     options.check_stages(len(chosen))
     return chosen
 
@@ -208,10 +201,8 @@ def full_cycle(inventory: Inventory, options: RunOptions, *, testbed: str, resul
     try:
         cycle.preflight()
         cycle.provision()
-        try:                          # RDMA asked where a machine cannot: fail before anything is shaped
-            check_transport(cycle, options.transport, stage_machines(inventory, options), options.schedules)
-        except TransportError as exc:
-            raise RunError(str(exc)) from None
+        # RDMA asked where a machine cannot: fail before anything is shaped
+        check_transport(cycle, options.transport, stage_machines(inventory, options), options.schedules)
         cycle.shape()
         checks = cycle.verify()
         failed = [c for c in checks if not c.ok]

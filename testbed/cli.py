@@ -158,12 +158,9 @@ def cmd_link(args: argparse.Namespace) -> int:
 
 
 def cmd_vm(args: argparse.Namespace) -> int:
-    from testbed.backends.vm import VmUnavailable, choose_accel, find_setup, run_in_vm
+    from testbed.backends.vm import choose_accel, find_setup, run_in_vm
 
-    try:
-        setup = find_setup()
-    except VmUnavailable as exc:
-        raise BackendError(str(exc)) from None
+    setup = find_setup()
     if args.check:
         print(f"stock-kernel tier available: {setup.kernel} via {setup.vng}")
         return 0
@@ -175,26 +172,21 @@ def cmd_vm(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from testbed.run.placement import PlacementError, place_stages
+    from testbed.run.placement import place_stages
     from testbed.run.runner import RunError, run_schedules
 
-    try:
-        options = _run_options(args)
-        hosts = lifecycle.hosts_of(args.target)
-        options.check_stages(len(place_stages(hosts, options.stages, options.placement)))
-        rdma = args.rdma
-        if options.transport == RDMA.key:
-            rxe_support = rxe_in_namespaces()
-            if not rxe_support.ok:
-                raise RunError(f"--transport rdma cannot run: {rxe_support.reason}. Routes: {ROUTES}")
-            rdma = rdma or "softroce"
-        with lifecycle.testbed_for(args.target, name=args.name, backend=args.backend, shaper=args.shaper,
-                                   switch=args.switch, rdma=rdma) as backend:
-            run_dir, summary = run_schedules(backend, options, Path(args.results))
-    except PlacementError as exc:
-        raise BackendError(str(exc)) from None
-    except RunError as exc:
-        raise BackendError(str(exc)) from None
+    options = _run_options(args)
+    hosts = lifecycle.hosts_of(args.target)
+    options.check_stages(len(place_stages(hosts, options.stages, options.placement)))
+    rdma = args.rdma
+    if options.transport == RDMA.key:
+        rxe_support = rxe_in_namespaces()
+        if not rxe_support.ok:
+            raise RunError(f"--transport rdma cannot run: {rxe_support.reason}. Routes: {ROUTES}")
+        rdma = rdma or "softroce"
+    with lifecycle.testbed_for(args.target, name=args.name, backend=args.backend, shaper=args.shaper,
+                               switch=args.switch, rdma=rdma) as backend:
+        run_dir, summary = run_schedules(backend, options, Path(args.results))
     print(summary.render())
     print(f"\nresults: {run_dir} (summary.json, trace.json for chrome://tracing or ui.perfetto.dev)")
     if not summary.lossless_ok:
@@ -334,31 +326,26 @@ def _remote_step(cycle: Cycle, step: str, args: argparse.Namespace) -> int:
 
 
 def cmd_remote(args: argparse.Namespace) -> int:
-    from playbooks.cycle import Cycle, CycleError, full_cycle
+    from playbooks.cycle import Cycle, full_cycle
     from testbed.remote.inventory import load_inventory
-    from testbed.remote.ssh import RemoteError
-    from testbed.run.runner import RunError
 
     inventory = load_inventory(args.inventory)
     name = args.name or Path(args.inventory).stem
+    if args.action == "cycle":
+        run_dir, summary, cycle = full_cycle(inventory, _run_options(args), testbed=name,
+                                             results_root=Path(args.results), verify_required=args.verify == "required")
+        print(summary.render())
+        print("\ncycle: " + ", ".join(f"{k} {v:.1f} s" for k, v in cycle.step_s.items()))
+        print(f"results: {run_dir}")
+        return 0
+    cycle = Cycle(inventory, name, Path(args.results))
     try:
-        if args.action == "cycle":
-            run_dir, summary, cycle = full_cycle(inventory, _run_options(args), testbed=name,
-                                                 results_root=Path(args.results), verify_required=args.verify == "required")
-            print(summary.render())
-            print("\ncycle: " + ", ".join(f"{k} {v:.1f} s" for k, v in cycle.step_s.items()))
-            print(f"results: {run_dir}")
-            return 0
-        cycle = Cycle(inventory, name, Path(args.results))
-        try:
-            for step in REMOTE_STEPS[args.action]:
-                code = _remote_step(cycle, step, args)
-                if code:
-                    return code
-        finally:
-            cycle.close()
-    except (CycleError, RemoteError, RunError) as exc:
-        raise BackendError(str(exc)) from None
+        for step in REMOTE_STEPS[args.action]:
+            code = _remote_step(cycle, step, args)
+            if code:
+                return code
+    finally:
+        cycle.close()
     return 0
 
 

@@ -26,6 +26,7 @@ from testbed.remote.hostshape import STATE_DIR  # noqa: E402
 from testbed.remote.inventory import load_inventory  # noqa: E402
 from testbed.remote.verify import rtt_check  # noqa: E402
 from testbed.run.runner import RunError, RunOptions  # noqa: E402
+from testbed.run.transport import TransportError  # noqa: E402
 
 pytestmark = [pytest.mark.multihost, pytest.mark.root]
 TOPOLOGY = Path(__file__).parent / "fixtures" / "multihost" / "3dc-lab.yaml"
@@ -219,7 +220,7 @@ def test_rdma_where_a_machine_has_no_rxe_fails_before_shaping_and_names_it(lab: 
     if rxe_here().ok:
         pytest.skip("this kernel runs rxe: tests/test_vm_remote_rdma.py covers it")
     lines: list[str] = []
-    with pytest.raises(RunError, match=r"--transport rdma cannot run: dc-a-h1: .*rdma_rxe.*dc-c-h1: .*Routes"):
+    with pytest.raises(TransportError, match=r"--transport rdma cannot run: dc-a-h1: .*rdma_rxe.*dc-c-h1: .*Routes"):
         full_cycle(load_inventory(_inventory(lab)), RunOptions(schedules=["1f1b"], transport="rdma"), testbed="mh-rdma",
                    results_root=tmp_path, log=lines.append)
     assert any("rxe no (" in line for line in lines) and not any(line.lstrip().startswith("shape") for line in lines)

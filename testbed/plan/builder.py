@@ -6,6 +6,7 @@ import dataclasses
 import ipaddress
 import math
 
+from testbed.errors import TestbedError
 from testbed.plan.model import Interface, LinkDirection, Node, Plan, Route, Veth
 from testbed.plan.routing import path_delay, path_rate, shortest_paths
 from testbed.topology.model import Topology, router_name
@@ -117,6 +118,10 @@ def delay_queue_packets(rate_bps: float, delay_s: float, jitter_s: float, mtu: i
     return max(MIN_QUEUE_PACKETS, math.ceil(2 * rate_bps * (delay_s + jitter_s) / 8 / (mtu + ETH_OVERHEAD)))
 
 
+class ReshapeError(TestbedError, ValueError):
+    """A link direction cannot take the values asked at run time; the message says why and what it can take."""
+
+
 def reshape(direction: LinkDirection, *, delay_s: float | None = None, rate_bps: float | None = None,
             jitter_s: float | None = None, loss: float | None = None) -> LinkDirection:
     """A direction with new values (run-time change); queues are re-sized, lossless links refuse loss."""
@@ -125,12 +130,13 @@ def reshape(direction: LinkDirection, *, delay_s: float | None = None, rate_bps:
         d, delay_s=d.delay_s if delay_s is None else delay_s, rate_bps=d.rate_bps if rate_bps is None else rate_bps,
         jitter_s=d.jitter_s if jitter_s is None else jitter_s, loss=d.loss if loss is None else loss)
     if new.lossless and new.loss:
-        raise ValueError(f"{d.link} is lossless: it cannot take loss {new.loss:g} (set lossless: false in the "
+        raise ReshapeError(f"{d.link} is lossless: it cannot take loss {new.loss:g} (set lossless: false in the "
                          "topology file for fault experiments)")
     if new.jitter_s > new.delay_s:
-        raise ValueError(f"jitter {new.jitter_s:g} s exceeds the delay {new.delay_s:g} s")
+        raise ReshapeError(f"jitter {new.jitter_s:g} s exceeds the delay {new.delay_s:g} s",
+                           hint="give a jitter no larger than the delay")
     if new.delay_s < 0 or new.rate_bps <= 0:
-        raise ValueError("delay must be >= 0 and rate > 0")
+        raise ReshapeError("delay must be >= 0 and rate > 0")
     return dataclasses.replace(new, delay_queue_packets=delay_queue_packets(new.rate_bps, new.delay_s, new.jitter_s,
                                                                             new.mtu))
 

@@ -37,16 +37,15 @@ from testbed.run.dilation import (
     DEFAULT_DILATION,
     OFF,
     Dilation,
-    DilationError,
     dilated_links,
     plan_dilation,
     restore_links,
     undilate,
     worker_caps,
 )
-from testbed.run.placement import PlacementError, place_stages
+from testbed.run.placement import place_stages
 from testbed.run.summary import LinkRecord, LinkTiming, RunSummary, ScheduleSummary, StageLink, StagePlacement
-from testbed.run.transport import TransportChoice, TransportError
+from testbed.run.transport import TransportChoice
 from testbed.run.transport import choose as choose_transport
 from testbed.shaping.delayline_shaper import DelaylineShaper
 from testbed.shaping.registry import shaper_for
@@ -189,10 +188,7 @@ class RunOptions:
 
     def hosts(self, plan: Plan) -> list[Node]:
         """The hosts that run stage 0, 1, ... (see testbed.run.placement)."""
-        try:
-            chosen = place_stages([(h.name, h.dc) for h in plan.hosts], self.stages, self.placement)
-        except PlacementError as exc:
-            raise RunError(str(exc)) from None
+        chosen = place_stages([(h.name, h.dc) for h in plan.hosts], self.stages, self.placement)
         return [plan.hosts[i] for i in chosen]
 
 
@@ -441,14 +437,8 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     hosts = options.hosts(plan)
     options.check_stages(len(hosts))
     cpus = os.cpu_count() or 1
-    try:
-        dilation = plan_dilation(options.dilation, len(hosts), cpus)
-    except DilationError as exc:
-        raise RunError(str(exc)) from None
-    try:
-        transport = choose_transport(options.transport, plan, backend.state.rdma, hosts, options.schedules)
-    except TransportError as exc:
-        raise RunError(str(exc)) from None
+    dilation = plan_dilation(options.dilation, len(hosts), cpus)
+    transport = choose_transport(options.transport, plan, backend.state.rdma, hosts, options.schedules)
     log(f"transport {transport.name}: {transport.reason}")
     try:
         table = run_table(options.compute, stage_links(plan, hosts), plan.topology)
