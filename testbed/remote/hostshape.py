@@ -31,6 +31,7 @@ from testbed.rdma import softroce
 from testbed.remote.inventory import Inventory
 from testbed.remote.replies import CountersReply, RxeReply
 from testbed.shaping import htb
+from testbed.shaping.base import ShaperError
 from testbed.shaping.delayline import DaemonStats, QueueStats
 from testbed.shaping.htb import ROOT_HANDLE
 
@@ -216,7 +217,7 @@ def apply(shape: HostShape, mode: str) -> Installed:
     with IPRoute() as ipr:
         found = ipr.link_lookup(ifname=shape.nic)
         if not found:
-            raise RuntimeError(f"{shape.host}: no interface {shape.nic!r} (inventory key nic)")
+            raise ShaperError(f"{shape.host}: no interface {shape.nic!r} (inventory key nic)")
         index = found[0]
         htb.add_root(ipr, index, default=0)        # traffic to anything else (SSH, same-DC peers) unshaped
         for i, peer in enumerate(shape.egress):
@@ -252,7 +253,7 @@ def _start_delay_line(shape: HostShape, installed: Installed) -> None:
     deadline = time.monotonic() + 30
     while not stats.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{shape.host}: the delay daemon did not start: {log.read_text()[-600:]}")
+            raise ShaperError(f"{shape.host}: the delay daemon did not start: {log.read_text()[-600:]}")
         time.sleep(0.02)
     for i, peer in enumerate(shape.ingress):
         for address in peer.addresses:
@@ -283,7 +284,7 @@ def remove(testbed: str, host: str) -> list[str]:
             subprocess.run(["rdma", "link", "delete", name], capture_output=True, timeout=10)
             removed.append(f"rxe device {name}")
         if softroce.exists(name):
-            raise RuntimeError(f"rxe device {name} is still registered after 'rdma link delete {name}'")
+            raise ShaperError(f"rxe device {name} is still registered after 'rdma link delete {name}'")
     with IPRoute() as ipr:
         found = ipr.link_lookup(ifname=installed.nic)
         if found and any(q["handle"] == ROOT_HANDLE and q.get_attr("TCA_KIND") == "htb"
@@ -311,7 +312,7 @@ def counters(testbed: str, host: str) -> CountersReply:
 
     installed = Installed.load(testbed, host)
     if installed is None:
-        raise RuntimeError(f"testbed {testbed} is not shaped on {host}")
+        raise ShaperError(f"testbed {testbed} is not shaped on {host}")
     shape = HostShape.from_json(json.loads(Path(installed.spec).read_text()))
     with IPRoute() as ipr:
         drops = {q.handle: q.drops for q in htb.read_qdiscs(ipr, installed.nic)}
@@ -335,10 +336,10 @@ def add_rxe(testbed: str, host: str, index: int, address: str) -> RxeReply:
 
     installed = Installed.load(testbed, host)
     if installed is None:
-        raise RuntimeError(f"testbed {testbed} is not shaped on {host}: shape it first")
+        raise ShaperError(f"testbed {testbed} is not shaped on {host}: shape it first")
     support = rxe_here()
     if not support.ok:
-        raise RuntimeError(f"no rxe device possible on {host}: {support.reason}")
+        raise ShaperError(f"no rxe device possible on {host}: {support.reason}")
     device = RxeDevice(node=host, name=softroce.device_name(testbed, index), netdev=installed.nic)
     created = not softroce.exists(device.name)
     if created:
@@ -348,7 +349,7 @@ def add_rxe(testbed: str, host: str, index: int, address: str) -> RxeReply:
         result = subprocess.run(["rdma", "link", "add", device.name, "type", "rxe", "netdev", installed.nic],
                                 capture_output=True, text=True, timeout=30)
         if result.returncode != 0:
-            raise RuntimeError(f"'rdma link add {device.name} type rxe netdev {installed.nic}' failed: "
+            raise ShaperError(f"'rdma link add {device.name} type rxe netdev {installed.nic}' failed: "
                                f"{(result.stderr or result.stdout).strip()}")
     softroce.check_device(device, address, lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=30))
     return RxeReply(name=device.name, netdev=device.netdev, gid_index=device.gid_index, gid=device.gid,
@@ -378,7 +379,7 @@ def _wait_gone(pid: int, timeout_s: float = 5.0) -> None:
 def _iptables(args: list[str], check: bool = True) -> int:
     result = subprocess.run(["iptables", "-w", *args], capture_output=True, text=True)
     if check and result.returncode != 0:
-        raise RuntimeError(f"iptables {' '.join(args)}: {result.stderr.strip()}")
+        raise ShaperError(f"iptables {' '.join(args)}: {result.stderr.strip()}")
     return result.returncode
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from testbed.backends.base import Backend
 from testbed.plan.model import LinkDirection
 from testbed.probe.latency import PROBE_INTERVAL_S, one_way
+from testbed.shaping.base import ShaperError
 
 CALIBRATION_PROBES = 10
 CALIBRATION_ROUNDS = 4
@@ -34,7 +35,7 @@ def excess_one_way(backend: Backend, direction: LinkDirection, installed_hold_s:
                          plan.receiver_address(direction), count=CALIBRATION_PROBES, interval_s=PROBE_INTERVAL_S,
                          timeout_s=max(1.0, 4 * installed_hold_s + 0.5))
         if sample.lost or not sample.values_s:
-            raise RuntimeError(f"calibration probe lost on {direction.label}: the link does not carry packets")
+            raise ShaperError(f"calibration probe lost on {direction.label}: the link does not carry packets")
         if round_:                       # round 0 warms up code paths and caches
             values.extend(sample.values_s)
     return statistics.median(values) - installed_hold_s
