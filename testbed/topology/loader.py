@@ -28,6 +28,7 @@ from testbed.topology.model import (
     Topology,
 )
 from testbed.util import units
+from testbed.util.paths import shipped_topologies
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,27}$")
 NAME_RULE = "names are 1-28 characters of a-z, 0-9 and '-', starting with a letter or digit"
@@ -138,6 +139,14 @@ def _join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
+def _unreadable_fix(path: str | Path) -> str:
+    """What to give instead of a topology file that cannot be read: the nearest shipped name, and the others."""
+    names = [p.stem for p in shipped_topologies()]
+    close = difflib.get_close_matches(Path(path).stem, names, n=1)
+    return ((f"did you mean {close[0]!r}? " if close else "")
+            + f"give a shipped topology ({', '.join(names)}) or the path of a topology YAML file")
+
+
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology file. Raises `TopologyError` naming the file for any problem."""
     source = str(path)
@@ -145,8 +154,7 @@ def load_topology(path: str | Path) -> Topology:
         with open(path, "rb") as f:
             data = f.read(MAX_TOPOLOGY_BYTES + 1)
     except OSError as exc:
-        raise TopologyError(source, [Problem("", f"cannot read file: {exc.strerror}",
-                                             "give the path of a topology YAML file (see topologies/)")]) from exc
+        raise TopologyError(source, [Problem("", f"cannot read file: {exc.strerror}", _unreadable_fix(path))]) from exc
     if len(data) > MAX_TOPOLOGY_BYTES:
         raise TopologyError(source, [Problem("", f"the file is larger than {MAX_TOPOLOGY_BYTES // 1024} KiB",
                                              "a topology is a short YAML file; is this the right path?")])
