@@ -5,6 +5,10 @@ receiver's ingress sends the link's packets there). Verdicts are released in arr
 arrival + delay (+ jitter, never reordering), in batches. SIGTERM releases every held packet before the
 queues are unbound; SIGHUP re-reads the config (new delays apply to packets arriving afterwards).
 
+Its netlink socket and its clock are parameters (`DelayLine.netlink`, `DelayLine.clock`; by default the
+kernel's NETLINK_NETFILTER socket and the host's clocks), so its release, ordering and learning run against a
+scripted queue too (tests/test_delayline_logic.py).
+
 Run: python -m testbed.shaping.delayline CONFIG.json STATS.json
 """
 
@@ -20,9 +24,10 @@ import socket
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from testbed.shaping import nfqueue
 
@@ -30,14 +35,15 @@ RCVBUF_BYTES = 64 * 1024 * 1024
 STATS_INTERVAL_S = 0.5
 SO_TIMESTAMP = 29  # asm-generic/socket.h (SO_TIMESTAMP_OLD)
 EARLY_RELEASE_S = 30e-6
+"""Release a packet up to this much before its time rather than sleep again (a sleep overshoots by ~0.1 ms)."""
 ADVANCE_STEP_S = 50e-6
 """Lateness is clipped to this per update, so a scheduling hiccup (ms) does not swing the controller."""
 MAX_ADVANCE_S = 1e-3
 SPARSE_GAP_S = 2e-3
 """A sleep longer than this wakes later (the VM's timer lands later after a deep idle): the daemon learns one
 advance for long sleeps (sparse traffic: calibration and verify probes) and one for short ones (dense
-traffic: training), so that both release on time; with one advance, learnt under the calibration's probes, a
-5 ms link delivered 0.36 ms short under training traffic."""
+traffic: training), so that both release on time: an advance learnt under sparse probes releases dense traffic
+early by the difference (0.3-0.4 ms on a 2-core VM)."""
 SPIN_WINDOW_S = 1e-3
 """In sparse traffic, wake before a release (by the learnt 90th percentile of select()'s oversleep, at most
 this much) and spin to it: select() alone lands 50-200 us late on a 2-core VM, later after long sleeps.
@@ -48,7 +54,6 @@ ARRIVAL_WAKE_S = 1e-3
 """While packets are held, arrivals do not wake the daemon (their kernel timestamps say when they came; they
 are read at the next release): half the wake-ups, each ~40 us of CPU on a 2-core VM. Unless some queue holds
 less than this, when a new arrival may be due before anything held."""
-"""Release a packet up to this much before its time rather than sleep again (a sleep overshoots by ~0.1 ms)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +77,8 @@ class Timing:
 
     realtime: bool = True
     """SCHED_FIFO (priority REALTIME_PRIORITY): a release preempts the workers' compute at once instead of
-    waiting for its time slice (at normal priority releases were 0.34 ms late on average, 18 ms at worst,
-    behind two computing workers on 2 cores). Where the kernel refuses it, the daemon runs at normal priority
+    waiting for its time slice (at normal priority, behind two computing workers on 2 cores, releases land
+    0.34 ms late on average and up to 18 ms late). Where the kernel refuses it, the daemon runs at normal priority
     and its stats say so (`realtime` false)."""
     spin: bool = False
     """Spin the last stretch to each release in sparse traffic (wakes early by the learnt oversleep); off, a
@@ -159,19 +164,64 @@ class DaemonStats:
                                          for q, s in data["queues"].items()}})
 
 
+class Clock(Protocol):
+    """The daemon's time: what it reads, how it waits for a socket or a deadline, how it spins to one."""
+
+    def monotonic(self) -> float: ...
+
+    def wall(self) -> float:
+        """CLOCK_REALTIME seconds: the clock of the kernel's receive timestamps."""
+        ...
+
+    def wait(self, readers: list[Any], timeout_s: float) -> list[Any]:
+        """Those of `readers` that became readable within `timeout_s` (select's first list)."""
+        ...
+
+    def spin_until(self, deadline: float) -> None: ...
+
+
+class SystemClock:
+    """The host's clocks; waiting is select(), spinning a busy loop."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    def wait(self, readers: list[Any], timeout_s: float) -> list[Any]:
+        return select.select(readers, [], [], timeout_s)[0]
+
+    def spin_until(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            pass
+
+
+def netlink_socket() -> socket.socket:
+    """The kernel's NETLINK_NETFILTER socket, bound, with a receive buffer for bursts and no ENOBUFS errors."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, nfqueue.NETLINK_NETFILTER)
+    sock.bind((0, 0))
+    sock.setsockopt(socket.SOL_SOCKET, nfqueue.SO_RCVBUFFORCE, RCVBUF_BYTES)
+    sock.setsockopt(nfqueue.SOL_NETLINK, nfqueue.NETLINK_NO_ENOBUFS, 1)
+    return sock
+
+
 @dataclass(slots=True)
 class DelayLine:
-    """The event loop around one NETLINK_NETFILTER socket."""
+    """The event loop around one NETLINK_NETFILTER socket (`netlink` makes it) on one clock."""
 
     config_path: Path
     stats_path: Path
+    netlink: Callable[[], socket.socket] = netlink_socket
+    clock: Clock = field(default_factory=SystemClock)
     queues: dict[int, QueueConfig] = field(default_factory=dict)
     stats: dict[int, QueueStats] = field(default_factory=dict)
     held: dict[int, deque[tuple[float, int]]] = field(default_factory=dict)
     seq: int = 0
     stopping: bool = False
     reload: bool = False
-    started: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    """When it started (its clock's monotonic time; None: when it is made)."""
     _stamp_sock: socket.socket | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(4791))
     advance_s: float = 100e-6
@@ -187,6 +237,14 @@ class DelayLine:
     """Spin to release times (sparse traffic) or rely on the learnt advance (dense traffic)."""
     timing: Timing = field(default_factory=Timing)
     realtime: bool = False
+    _waitables: list[Any] = field(default_factory=list, init=False)
+    _wakeup: int | None = field(default=None, init=False)
+    _buffer: bytearray = field(default_factory=lambda: bytearray(1 << 20), init=False)
+    _next_stats: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.started is None:
+            self.started = self.clock.monotonic()
 
     def load_config(self) -> None:
         config = DaemonConfig.from_json(json.loads(self.config_path.read_text()))
@@ -205,10 +263,8 @@ class DelayLine:
         sock.send(message_for_seq(self.seq))  # type: ignore[operator]
 
     def open(self) -> socket.socket:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, nfqueue.NETLINK_NETFILTER)
-        sock.bind((0, 0))
-        sock.setsockopt(socket.SOL_SOCKET, nfqueue.SO_RCVBUFFORCE, RCVBUF_BYTES)
-        sock.setsockopt(nfqueue.SOL_NETLINK, nfqueue.NETLINK_NO_ENOBUFS, 1)
+        """The socket, bound to every configured queue (each acknowledged), non-blocking."""
+        sock = self.netlink()
         for q in self.queues.values():
             for build in (lambda s, q=q: nfqueue.bind_queue(q.queue, s),
                           lambda s, q=q: nfqueue.configure_queue(q.queue, q.maxlen, s)):
@@ -235,7 +291,7 @@ class DelayLine:
                     return
 
     def on_packets(self, buffer: memoryview, now: float) -> None:
-        real_minus_mono = time.time() - now
+        real_minus_mono = self.clock.wall() - now
         for item in nfqueue.parse(buffer):
             if not isinstance(item, nfqueue.QueuedPacket):
                 continue
@@ -304,7 +360,7 @@ class DelayLine:
 
     def write_stats(self) -> None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        stats = DaemonStats(pid=os.getpid(), ready=True, uptime_s=time.monotonic() - self.started,
+        stats = DaemonStats(pid=os.getpid(), ready=True, uptime_s=self.clock.monotonic() - (self.started or 0.0),
                             advance_us=self.advance_s * 1e6, spin=self.spin, oversleep_p90_us=self.oversleep_p90_s * 1e6,
                             generation=self.generation, cpu_s=usage.ru_utime + usage.ru_stime, realtime=self.realtime,
                             advance_sparse_us=self.advance_sparse_s * 1e6,
@@ -313,60 +369,71 @@ class DelayLine:
         tmp.write_text(json.dumps(stats.to_json()))
         os.replace(tmp, self.stats_path)
 
-    def run(self, wakeup: int | None = None) -> None:
-        """Serve until SIGTERM. `wakeup` is the read end of the signal wake-up pipe, so signals end `select` at once."""
+    def start(self, wakeup: int | None = None) -> socket.socket:
+        """Read the configuration, bind the queues, write the first statistics (the shaper's sign of ready).
+        `wakeup` is the read end of the signal wake-up pipe, so signals end a wait at once."""
         self.load_config()
         sock = self.open()
-        waitables: list[object] = [sock] + ([wakeup] if wakeup is not None else [])
+        self._wakeup = wakeup
+        self._waitables = [sock] + ([wakeup] if wakeup is not None else [])
         self.write_stats()
+        self._next_stats = self.clock.monotonic() + STATS_INTERVAL_S
+        return sock
+
+    def run(self, wakeup: int | None = None) -> None:
+        """Serve until SIGTERM."""
+        sock = self.start(wakeup)
         print("ready", flush=True)
-        buffer = bytearray(1 << 20)
-        next_stats = time.monotonic() + STATS_INTERVAL_S
         while not self.stopping:
-            if self.reload:
-                self.reload = False
-                self.load_config()
-                for q in self.queues.values():
-                    self._send(sock, lambda s, q=q: nfqueue.configure_queue(q.queue, q.maxlen, s))
-                self.write_stats()
-            deadline = self.next_deadline()
-            now = time.monotonic()
-            sparse = deadline is not None and deadline - now > SPARSE_GAP_S       # a long sleep wakes later
-            lead = (self.oversleep_p90_s + SPIN_MARGIN_S if self.spin
-                    else self.advance_sparse_s if sparse else self.advance_s)
-            shortest = self.min_hold_s()
-            if deadline is None:                   # nothing held: the next packet's arrival wakes us
-                watch, wake_at = waitables, now + STATS_INTERVAL_S
-            elif shortest < lead + ARRIVAL_WAKE_S:  # a queue that holds (almost) nothing: arrivals are due at once
-                watch, wake_at = waitables, deadline - lead
-            else:                                  # holding: wake for the release only; arrivals carry kernel
-                deadline = min(deadline, now + shortest)       # timestamps and are read then
-                watch, wake_at = waitables[1:], deadline - lead
-            wake_at = min(wake_at, next_stats)
-            readable, _, _ = select.select(watch, [], [], max(0.0, wake_at - now))
-            if not readable and deadline is not None and wake_at > now:
-                self._learn_oversleep(time.monotonic() - wake_at)
-            if self.spin and not readable and deadline is not None:
-                while time.monotonic() < deadline:
-                    pass
-            if wakeup is not None and wakeup in readable:
-                os.read(wakeup, 512)
-            self._drain(sock, buffer)
-            now = time.monotonic()
-            self.first_late_s = None
-            self.release_due(sock, now)
-            if self.first_late_s is not None and deadline is not None and not readable and not self.spin:
-                step = 0.1 * min(ADVANCE_STEP_S, max(-ADVANCE_STEP_S, self.first_late_s))
-                if sparse:
-                    self.advance_sparse_s = min(MAX_ADVANCE_S, max(0.0, self.advance_sparse_s + step))
-                else:
-                    self.advance_s = min(MAX_ADVANCE_S, max(0.0, self.advance_s + step))
-            if now >= next_stats:
-                self.spin = self.timing.spin and self.release_events < SPIN_MAX_EVENTS_PER_S * STATS_INTERVAL_S
-                self.release_events = 0
-                self.write_stats()
-                next_stats = now + STATS_INTERVAL_S
+            self.step(sock)
         self.shutdown(sock)
+
+    def step(self, sock: socket.socket) -> None:
+        """One turn: take a new configuration if asked, wait for the next release (or an arrival that may be due
+        first), read what arrived, release what is due, and learn from how late the release woke."""
+        if self.reload:
+            self.reload = False
+            self.load_config()
+            for q in self.queues.values():
+                self._send(sock, lambda s, q=q: nfqueue.configure_queue(q.queue, q.maxlen, s))
+            self.write_stats()
+        waitables, clock = self._waitables, self.clock
+        deadline = self.next_deadline()
+        now = clock.monotonic()
+        sparse = deadline is not None and deadline - now > SPARSE_GAP_S       # a long sleep wakes later
+        lead = (self.oversleep_p90_s + SPIN_MARGIN_S if self.spin
+                else self.advance_sparse_s if sparse else self.advance_s)
+        shortest = self.min_hold_s()
+        if deadline is None:                   # nothing held: the next packet's arrival wakes us
+            watch, wake_at = waitables, now + STATS_INTERVAL_S
+        elif shortest < lead + ARRIVAL_WAKE_S:  # a queue that holds (almost) nothing: arrivals are due at once
+            watch, wake_at = waitables, deadline - lead
+        else:                                  # holding: wake for the release only; arrivals carry kernel
+            deadline = min(deadline, now + shortest)       # timestamps and are read then
+            watch, wake_at = waitables[1:], deadline - lead
+        wake_at = min(wake_at, self._next_stats)
+        readable = clock.wait(watch, max(0.0, wake_at - now))
+        if not readable and deadline is not None and wake_at > now:
+            self._learn_oversleep(clock.monotonic() - wake_at)
+        if self.spin and not readable and deadline is not None:
+            clock.spin_until(deadline)
+        if self._wakeup is not None and self._wakeup in readable:
+            os.read(self._wakeup, 512)
+        self._drain(sock, self._buffer)
+        now = clock.monotonic()
+        self.first_late_s = None
+        self.release_due(sock, now)
+        if self.first_late_s is not None and deadline is not None and not readable and not self.spin:
+            step = 0.1 * min(ADVANCE_STEP_S, max(-ADVANCE_STEP_S, self.first_late_s))
+            if sparse:
+                self.advance_sparse_s = min(MAX_ADVANCE_S, max(0.0, self.advance_sparse_s + step))
+            else:
+                self.advance_s = min(MAX_ADVANCE_S, max(0.0, self.advance_s + step))
+        if now >= self._next_stats:
+            self.spin = self.timing.spin and self.release_events < SPIN_MAX_EVENTS_PER_S * STATS_INTERVAL_S
+            self.release_events = 0
+            self.write_stats()
+            self._next_stats = now + STATS_INTERVAL_S
 
     def _drain(self, sock: socket.socket, buffer: bytearray) -> None:
         """Read every packet the kernel has queued for us (each with its kernel arrival time)."""
@@ -377,7 +444,7 @@ class DelayLine:
                 return
             except InterruptedError:
                 continue
-            self.on_packets(memoryview(buffer)[:n], time.monotonic())
+            self.on_packets(memoryview(buffer)[:n], self.clock.monotonic())
 
     def min_hold_s(self) -> float:
         """The shortest hold any queue gives a packet arriving now: no release can fall due sooner."""
@@ -385,7 +452,7 @@ class DelayLine:
 
     def shutdown(self, sock: socket.socket) -> None:
         """Release everything held (SIGKILL would drop it), then unbind the queues."""
-        self.release_due(sock, time.monotonic(), everything=True)
+        self.release_due(sock, self.clock.monotonic(), everything=True)
         sock.setblocking(True)
         for q in self.queues.values():
             self._send(sock, lambda s, q=q: nfqueue.unbind_queue(q.queue, s))
