@@ -8,11 +8,13 @@ wait ends at its timeout plus a scripted oversleep, or at the next arrival when 
 Tested: each packet leaves at arrival + hold + its serialization time; never before a packet that arrived
 before it (a shorter jittered hold waits for the longer one ahead, and is counted on time); releases learn to
 land on time, with one advance for long sleeps and one for short; drops are counted (ids the daemon never saw,
-configured loss) with one verdict per packet; shutdown releases what is held.
+configured loss) with one verdict per packet; shutdown releases what is held. And a remote machine's delay line
+and the single machine's, built from one plan, hold a packet as long (serialization included).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import struct
@@ -22,7 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from paperlab import paper_inventory
 
+from testbed.plan import build_plan
+from testbed.remote.hostshape import ingress_queues, plan_shapes
+from testbed.remote.inventory import load_inventory
 from testbed.shaping import nfqueue
 from testbed.shaping.delayline import (
     EARLY_RELEASE_S,
@@ -34,6 +40,7 @@ from testbed.shaping.delayline import (
     Timing,
     serialization_s,
 )
+from testbed.shaping.delayline_shaper import queue_config
 
 US = 1e-6
 MS = 1e-3
@@ -341,3 +348,35 @@ def test_shutdown_releases_everything_held_and_counts_no_error_for_it(tmp_path: 
     assert run.kernel.unbound == [3] and run.kernel.closed
     stats = run.stats().queues[3]
     assert (stats.released, stats.held, stats.error_us_sum) == (10, 0, 0.0)
+
+
+# -- one config, one hold: the remote machine's delay line and the single machine's ----------------------------
+
+
+def test_a_remote_and_a_local_delay_line_from_one_plan_hold_a_packet_as_long(tmp_path: Path) -> None:
+    """dc-a -> dc-b of the 3dc-lab topology (50 Mbit/s, 4 ms): the single machine's queue for the direction and
+    dc-b's machine's queue for dc-a, the same path latency taken off both; packets of every size held as long
+    by both, a 64 KiB GSO packet 10.9 ms longer than a ping (its serialization at 50 Mbit/s)."""
+    inventory = load_inventory(paper_inventory(tmp_path))
+    plan = build_plan(inventory.topology, "t")
+    direction = next(d for d in plan.directions if (d.src_dc, d.dst_dc) == ("dc-a", "dc-b"))
+    subtract_s = 0.12 * MS
+    local = queue_config(direction, {direction.label: subtract_s})
+    shape = dataclasses.replace(plan_shapes(inventory, "t")["dc-b-h1"], subtract_s={"dc-a": subtract_s})
+    index = next(i for i, peer in enumerate(shape.ingress) if peer.dc == "dc-a")
+    remote = ingress_queues(shape)[index]
+    assert dataclasses.replace(remote, queue=local.queue, ifname=local.ifname) == local
+    assert remote.rate_bps == direction.rate_bps == 50e6 and remote.mtu == direction.mtu
+
+    lengths = [84] * 40 + [84, 1500, 65000, 84, 9000, 1500, 65000]
+    held: dict[str, list[float]] = {}
+    for name, q in (("local", local), ("remote", remote)):
+        packets = [Packet(at_us(i, 30_000), q.queue, i + 1, n) for i, n in enumerate(lengths)]
+        run = serve(tmp_path, [q], packets, name=name)
+        held[name] = [run.release(p) - p.arrival for p in packets]
+    assert held["remote"] == pytest.approx(held["local"], abs=2 * US)
+    by_length = dict(zip(lengths[40:], held["remote"][40:], strict=True))
+    assert by_length[84] == pytest.approx(4 * MS - subtract_s + serialization_s(84, 50e6, 1500), abs=10 * US)
+    assert by_length[65000] - by_length[84] == pytest.approx(
+        serialization_s(65000, 50e6, 1500) - serialization_s(84, 50e6, 1500), abs=10 * US)
+    assert by_length[65000] - by_length[84] > 10.8 * MS

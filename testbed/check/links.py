@@ -13,7 +13,6 @@ from testbed.plan.builder import ETH_OVERHEAD
 from testbed.plan.model import LinkDirection
 from testbed.probe.latency import LatencySample, one_way, round_trip
 from testbed.probe.throughput import ThroughputResult, tcp_throughput
-from testbed.shaping.delayline_shaper import DelaylineShaper
 from testbed.shaping.registry import Shaper
 from testbed.util import units
 from testbed.util.hostload import LoadMonitor
@@ -132,8 +131,9 @@ def _measured(backend: Backend, d: LinkDirection, addr: str, seconds: float,
 
 
 def daemons_cpu(shaper: Shaper | None, nodes: tuple[str, ...]) -> Callable[[], float | None] | None:
-    """CPU seconds of the delay daemons on `nodes`, read on demand (None without a delay line)."""
-    if not isinstance(shaper, DelaylineShaper):
+    """CPU seconds of the shaper's daemons on `nodes`, read on demand (None without a shaper; the reading is
+    None where the shaper runs no daemon there)."""
+    if shaper is None:
         return None
 
     def total() -> float | None:
@@ -143,8 +143,8 @@ def daemons_cpu(shaper: Shaper | None, nodes: tuple[str, ...]) -> Callable[[], f
 
 
 def daemon_cpu(shaper: Shaper | None, node: str) -> float | None:
-    """CPU seconds the delay daemon on `node` has used (None without a delay-line shaper)."""
-    stats = shaper.daemon_stats(node) if isinstance(shaper, DelaylineShaper) else None
+    """CPU seconds the shaper's daemon on `node` has used (None where it runs none)."""
+    stats = shaper.daemon_stats(node) if shaper is not None else None
     return None if stats is None else stats.cpu_s
 
 

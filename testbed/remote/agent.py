@@ -4,7 +4,7 @@ Every command prints one JSON object on stdout (the controller parses it) and ex
 stderr when it fails. Import-light: the controller calls it many times.
 
     env                          kernel, Python, torch, CPUs, shaper the kernel allows, rxe
-    shape SPEC.json [--mode M]   install a HostShape (mode auto: netem where the kernel has it, else delay line)
+    shape SPEC.json [--mode M]   install a HostShape with shaper M (auto: what the kernel allows, as `up` picks)
     unshape TESTBED HOST         remove what `shape` installed for TESTBED (by its state file)
     rtt ADDRESS [--count N]      ICMP round trips timed after ingress (the delay line's hold included)
     sink ADDRESS PORT            accept one TCP connection, count its bytes, print goodput
@@ -88,14 +88,10 @@ def _counters(testbed: str, host: str) -> CountersReply:
 
 def _shape(spec: str, mode: str) -> ShapeReply:
     from testbed.remote.hostshape import HostShape, apply
+    from testbed.shaping.registry import machine_shaper
 
     shape = HostShape.from_json(json.loads(Path(spec).read_text()))
-    if mode == "auto":
-        from testbed.backends.capabilities import kernel_shaper
-        mode = kernel_shaper()
-    if mode not in ("netem", "delayline"):
-        raise RuntimeError(f"this kernel can emulate no delay (shaper {mode!r}): it needs sch_netem or NFQUEUE + HTB")
-    installed = apply(shape, mode)
+    installed = apply(shape, machine_shaper(mode))
     return ShapeReply(mode=installed.mode, classes=installed.classes, rules=len(installed.rules),
                       daemon_pid=installed.daemon_pid)
 
@@ -182,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("env")
     p = sub.add_parser("shape")
     p.add_argument("spec")
-    p.add_argument("--mode", default="auto", choices=("auto", "netem", "delayline"))
+    p.add_argument("--mode", default="auto", help="auto or a shaper's name (testbed.shaping.registry.SHAPERS)")
     p = sub.add_parser("unshape")
     p.add_argument("testbed")
     p.add_argument("host")

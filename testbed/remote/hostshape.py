@@ -9,6 +9,9 @@ shaping cannot share a middle link's rate between pairs, unlike the one-box emul
   pfifo sized for zero loss; traffic to anything else (SSH, intra-DC peers) is not classified and not shaped.
 - Delay: netem as the class's leaf where the kernel has it; otherwise the project's delay line: an NFQUEUE
   rule per source DC in raw PREROUTING (`-s` each of its data addresses) and one supervised daemon.
+Both are the single machine's shapers' own: the leaf is the shaper's `egress_leaf`, the delay line is installed
+by testbed/shaping/delayline_install.py, its holds built as the single machine builds them (serialization at
+the path's rate included). Which one a machine gets is the shaper class the agent names (`apply`'s `shaper`).
 Everything added carries the testbed's name (rule comments, state file), so `remove` deletes exactly that.
 """
 
@@ -19,7 +22,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,8 +33,9 @@ from testbed.rdma import softroce
 from testbed.remote.inventory import Inventory
 from testbed.remote.replies import CountersReply, RxeReply
 from testbed.shaping import htb
-from testbed.shaping.base import ShaperError
-from testbed.shaping.delayline import DaemonStats, QueueStats
+from testbed.shaping.base import Shaper, ShaperError
+from testbed.shaping.delayline import QueueConfig
+from testbed.shaping.delayline_install import DelayLineInstall, IptablesRule, ThisMachine, hold, iptables, nfqueue_rule
 from testbed.shaping.htb import ROOT_HANDLE
 
 STATE_DIR = Path("/run/testbed-remote")
@@ -51,6 +54,8 @@ class PeerDirection:
     rate_bps: float
     queue_packets: int
     """Rate queue (egress) or delay-line queue (ingress)."""
+    mtu: int = 1500
+    """The path's MTU: the delay line's serialization time counts frames of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +101,18 @@ def path_of(plan: Plan, src_dc: str, dst_dc: str) -> tuple[float, float, int]:
     return delay, rate, queue
 
 
+def path_mtu(plan: Plan, src_dc: str, dst_dc: str) -> int:
+    """The smallest MTU of the planned path src_dc -> dst_dc."""
+    path = plan.paths[src_dc][dst_dc]
+    return min(plan.direction(here, nxt).mtu for here, nxt in zip(path, path[1:], strict=False))
+
+
 def plan_shapes(inventory: Inventory, testbed: str) -> dict[str, HostShape]:
     """One HostShape per machine of the inventory."""
     plan = build_plan(inventory.topology, testbed)
     by_dc: dict[str, list[str]] = {}
     for m in inventory.machines:
         by_dc.setdefault(m.dc, []).append(m.data_address)
-    mtu = plan.directions[0].mtu
     shapes = {}
     for m in inventory.machines:
         egress, ingress = [], []
@@ -111,32 +121,15 @@ def plan_shapes(inventory: Inventory, testbed: str) -> dict[str, HostShape]:
                 continue
             out_delay, out_rate, out_queue = path_of(plan, m.dc, dc)
             in_delay, in_rate, _ = path_of(plan, dc, m.dc)
-            egress.append(PeerDirection(dc, tuple(addresses), out_delay, out_rate, out_queue))
+            out_mtu, in_mtu = path_mtu(plan, m.dc, dc), path_mtu(plan, dc, m.dc)
+            egress.append(PeerDirection(dc, tuple(addresses), out_delay, out_rate, out_queue, out_mtu))
             ingress.append(PeerDirection(dc, tuple(addresses), in_delay, in_rate,
-                                         delay_queue_packets(in_rate, in_delay, 0.0, mtu)))
+                                         delay_queue_packets(in_rate, in_delay, 0.0, in_mtu), in_mtu))
         shapes[m.name] = HostShape(testbed, m.name, m.nic, tuple(egress), tuple(ingress))
     return shapes
 
 
 # -- on the machine (the agent) ----------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class IptablesRule:
-    """One rule `apply` added: deleted by the same match with -D."""
-
-    table: str
-    chain: str
-    match: tuple[str, ...]
-
-    def args(self, op: str) -> list[str]:
-        return ["-t", self.table, op, self.chain, *self.match]
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any] | list[str]) -> IptablesRule:
-        if isinstance(data, list):            # an older agent's state file: ["-t", table, chain, match...]
-            return cls(data[1], data[2], tuple(data[3:]))
-        return cls(data["table"], data["chain"], tuple(data["match"]))
-
 
 @dataclass(frozen=True, slots=True)
 class DelayLineFiles:
@@ -166,12 +159,12 @@ class Installed:
     host: str
     nic: str
     mode: str
-    """`netem` or `delayline`."""
+    """The shaper's name (`Shaper.name`)."""
     classes: int
     spec: str = ""
     """The HostShape file it was installed from."""
     rules: list[IptablesRule] = field(default_factory=list)
-    """Every iptables rule added, to delete them one by one."""
+    """Every iptables rule added (testbed.shaping.delayline_install.IptablesRule), to delete them one by one."""
     daemon_pid: int | None = None
     delay_line: DelayLineFiles | None = None
     rxe: list[str] = field(default_factory=list)
@@ -203,12 +196,12 @@ def rule_comment(testbed: str) -> str:
     return f"tb-remote:{testbed}"
 
 
-def apply(shape: HostShape, mode: str) -> Installed:
-    """Install `shape` on this machine's NIC (replacing what this testbed installed before)."""
+def apply(shape: HostShape, shaper: type[Shaper]) -> Installed:
+    """Install `shape` on this machine's NIC the way `shaper` does (replacing what this testbed installed before)."""
     from pyroute2 import IPRoute
 
     remove(shape.testbed, shape.host)
-    installed = Installed(shape.testbed, shape.host, shape.nic, mode, classes=len(shape.egress))
+    installed = Installed(shape.testbed, shape.host, shape.nic, shaper.name, classes=len(shape.egress))
     spec = Installed.path(shape.testbed, shape.host).with_suffix(".spec.json")
     spec.parent.mkdir(parents=True, exist_ok=True)
     spec.write_text(json.dumps(shape.to_json()))
@@ -222,46 +215,49 @@ def apply(shape: HostShape, mode: str) -> Installed:
         htb.add_root(ipr, index, default=0)        # traffic to anything else (SSH, same-DC peers) unshaped
         for i, peer in enumerate(shape.egress):
             classid = ROOT_HANDLE | (FIRST_CLASS + i)
-            netem = ({"delay": int(shape.hold_s(peer) * 1e6)}
-                     if mode == "netem" else None)
-            htb.add_class(ipr, index, classid, (FIRST_CLASS + i) << 16, peer.rate_bps, peer.queue_packets, netem)
+            limit, netem = shaper.egress_leaf(shape.hold_s(peer), peer.queue_packets,
+                                              delay_queue_packets(peer.rate_bps, peer.delay_s, 0.0, peer.mtu))
+            htb.add_class(ipr, index, classid, (FIRST_CLASS + i) << 16, peer.rate_bps, limit, netem)
             for address in peer.addresses:
                 ipr.tc("add-filter", "u32", index=index, parent=ROOT_HANDLE, prio=10, protocol=0x0800,
                        target=classid, keys=[f"0x{_hex(address)}/0xffffffff+16"])
-    if mode == "delayline":
+    if shaper.delays_ingress:
         _start_delay_line(shape, installed)
     installed.save()
     return installed
 
 
-def _start_delay_line(shape: HostShape, installed: Installed) -> None:
-    from testbed.shaping.delayline import DaemonConfig, QueueConfig
+def ingress_queues(shape: HostShape) -> list[QueueConfig]:
+    """The delay line's queues: queue i + 1 holds what arrives from `shape.ingress[i]`, for its planned delay less
+    the network's own (and each packet's serialization at the path's rate, as the single machine's do)."""
+    return [hold(i + 1, shape.nic, peer.delay_s, shape.subtract_s.get(peer.dc, 0.0), rate_bps=peer.rate_bps,
+                 mtu=peer.mtu, maxlen=peer.queue_packets)
+            for i, peer in enumerate(shape.ingress)]
 
+
+def ingress_rules(shape: HostShape) -> list[IptablesRule]:
+    """What goes to each queue: the NIC carries every DC's traffic and others', so a rule per source address, each
+    carrying the testbed's comment."""
+    return [nfqueue_rule(i + 1, "-i", shape.nic, "-s", f"{address}/32", "-m", "comment", "--comment",
+                         rule_comment(shape.testbed))
+            for i, peer in enumerate(shape.ingress) for address in peer.addresses]
+
+
+def _start_delay_line(shape: HostShape, installed: Installed) -> None:
     files = DelayLineFiles.in_folder(Installed.path(shape.testbed, shape.host).parent, shape.host)
-    queues = [QueueConfig(queue=i + 1, ifname=shape.nic,
-                          delay_s=shape.hold_s(peer),
-                          maxlen=peer.queue_packets)
-              for i, peer in enumerate(shape.ingress)]
-    Path(files.config).write_text(json.dumps(DaemonConfig(0, queues).to_json()))
+    line = DelayLineInstall(ThisMachine(shape.host), files)
+    line.configure(ingress_queues(shape))
     installed.delay_line = files
-    stats, log = Path(files.stats), Path(files.log)
-    with open(log, "ab") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "testbed.shaping.supervisor", files.config, files.stats, files.status],
-                                stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    installed.daemon_pid = proc.pid
-    installed.save()
-    deadline = time.monotonic() + 30
-    while not stats.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise ShaperError(f"{shape.host}: the delay daemon did not start: {log.read_text()[-600:]}")
-        time.sleep(0.02)
-    for i, peer in enumerate(shape.ingress):
-        for address in peer.addresses:
-            rule = IptablesRule("raw", "PREROUTING", ("-i", shape.nic, "-s", f"{address}/32", "-m", "comment",
-                                "--comment", rule_comment(shape.testbed), "-j", "NFQUEUE", "--queue-num", str(i + 1)))
-            _iptables(rule.args("-A"))
-            installed.rules.append(rule)
-            installed.save()
+
+    def started(pid: int) -> None:
+        installed.daemon_pid = pid
+        installed.save()
+
+    line.start(started)
+    for rule in ingress_rules(shape):
+        line.add(rule)
+        installed.rules.append(rule)
+        installed.save()
 
 
 def remove(testbed: str, host: str) -> list[str]:
@@ -273,7 +269,7 @@ def remove(testbed: str, host: str) -> list[str]:
         return []
     removed = []
     for rule in installed.rules:
-        if _iptables(rule.args("-D"), check=False) == 0:
+        if iptables(ThisMachine(host), rule.args("-D"), check=False) == 0:
             removed.append(f"iptables rule {rule.chain} {' '.join(rule.match)}")
     if installed.daemon_pid and installed.delay_line and _is_ours(installed.daemon_pid, installed.delay_line.config):
         os.kill(installed.daemon_pid, signal.SIGTERM)
@@ -318,13 +314,13 @@ def counters(testbed: str, host: str) -> CountersReply:
         drops = {q.handle: q.drops for q in htb.read_qdiscs(ipr, installed.nic)}
     egress = {peer.dc: drops.get((FIRST_CLASS + i) << 16, -1) for i, peer in enumerate(shape.egress)}
     reply = CountersReply(egress=egress)
-    if installed.mode == "delayline" and installed.delay_line:
-        stats_file = Path(installed.delay_line.stats)
-        stats = DaemonStats.from_json(json.loads(stats_file.read_text())) if stats_file.exists() else None
+    if installed.delay_line:
+        line = DelayLineInstall(ThisMachine(host), installed.delay_line)
+        stats = line.stats()
         for i, peer in enumerate(shape.ingress):
-            queue = (stats.queues.get(i + 1) if stats else None) or QueueStats()
-            reply.ingress[peer.dc] = queue.id_gaps
-            reply.holds[peer.dc] = [queue.released, queue.error_us_sum / 1e6]
+            queue = stats.queues.get(i + 1) if stats else None
+            reply.ingress[peer.dc] = queue.id_gaps if queue else 0
+            reply.holds[peer.dc] = list(line.holds(i + 1, stats) or (0, 0.0))
     return reply
 
 
@@ -374,13 +370,6 @@ def _wait_gone(pid: int, timeout_s: float = 5.0) -> None:
             return
         time.sleep(0.02)
     os.kill(pid, signal.SIGKILL)
-
-
-def _iptables(args: list[str], check: bool = True) -> int:
-    result = subprocess.run(["iptables", "-w", *args], capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise ShaperError(f"iptables {' '.join(args)}: {result.stderr.strip()}")
-    return result.returncode
 
 
 def _hex(address: str) -> str:

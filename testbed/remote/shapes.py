@@ -17,13 +17,16 @@ from testbed.remote.hostshape import HostShape, plan_shapes
 from testbed.remote.inventory import Machine
 from testbed.remote.replies import CountersReply, RemovedReply, RttReply, ShapeReply
 from testbed.remote.ssh import RemoteError
-from testbed.shaping.calibrate import agreed
-from testbed.shaping.delayline_shaper import TRIM_AGREE_S
+from testbed.shaping.calibrate import AGREE_S, agreed, correction
 from testbed.util import units
 
 if TYPE_CHECKING:
     from testbed.probe.latency import LatencySample
 
+TRIM_AGREE_S = AGREE_S
+"""Two readings of a round trip closer than this agree (the later is kept); further apart, a third decides."""
+TRIM_FLOOR_S = TRIM_AGREE_S / 2
+"""A round trip off by less than this is left: within the scatter of readings through two ends' holds."""
 TRIM_LIMIT_S = 0.5e-3
 """A round trip off by more than this is not trimmed: verify judges it (a missing or doubled delay stays visible)."""
 
@@ -74,7 +77,7 @@ def shape_machines(fleet: Fleet) -> dict[str, HostShape]:
 
     def trim(m: Machine) -> str:
         shape = shapes[m.name]
-        cut = {dc: x / 2 for dc, x in excess[m.name].items() if TRIM_AGREE_S / 2 < abs(x) <= TRIM_LIMIT_S}
+        cut = {dc: c / 2 for dc, x in excess[m.name].items() if (c := correction(x, TRIM_FLOOR_S, TRIM_LIMIT_S))}
         if not cut:
             return "holds kept"
         subtract = {dc: max(0.0, s + cut.get(dc, 0.0)) for dc, s in shape.subtract_s.items()}

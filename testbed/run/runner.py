@@ -47,7 +47,7 @@ from testbed.run.placement import place_stages
 from testbed.run.summary import LinkRecord, LinkTiming, RunSummary, ScheduleSummary, StageLink, StagePlacement
 from testbed.run.transport import TransportChoice
 from testbed.run.transport import choose as choose_transport
-from testbed.shaping.delayline_shaper import DelaylineShaper
+from testbed.shaping.base import Shaper
 from testbed.shaping.registry import shaper_for
 from testbed.state.records import ProcessRecord
 from testbed.topology import TopologyError
@@ -633,8 +633,8 @@ def compute_drift(summaries: Any) -> float | None:
     return max(drifts) if drifts else None
 
 
-def _hold_counters(shaper: object) -> dict[str, tuple[int, float]]:
-    return shaper.hold_counters() if isinstance(shaper, DelaylineShaper) else {}
+def _hold_counters(shaper: Shaper | None) -> dict[str, tuple[int, float]]:
+    return shaper.hold_counters() if shaper is not None else {}
 
 
 def link_timing(plan: Plan, before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]],
@@ -656,5 +656,5 @@ def link_timing(plan: Plan, before: dict[str, tuple[int, float]], after: dict[st
     return out
 
 
-def _restarts(shaper: object) -> int:
-    return sum(shaper.restarts().values()) if isinstance(shaper, DelaylineShaper) else 0
+def _restarts(shaper: Shaper | None) -> int:
+    return sum(shaper.restarts().values()) if shaper is not None else 0

@@ -1,16 +1,24 @@
-"""The shaper interface: make each OTN direction deliver its delay, rate and zero loss; report what it did."""
+"""The shaper interface: make each OTN direction deliver its delay, rate and zero loss; report what it did.
+
+Beside the abstract methods every shaper implements, a shaper has optional capabilities with neutral defaults
+(`hold_counters`, `restarts`, `daemon_stats`, `calibration`; `egress_leaf` and `delays_ingress` for a remote
+machine's NIC): callers ask for them on any shaper instead of asking which kind of shaper they hold.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from testbed.backends.base import Backend
 from testbed.errors import TestbedError
 from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb
 from testbed.state.records import ShaperRecord
+
+if TYPE_CHECKING:
+    from testbed.shaping.delayline import DaemonStats
 
 
 class ShaperError(TestbedError, RuntimeError):
@@ -57,6 +65,9 @@ class Shaper(ABC):
     """Installs and inspects link emulation on a deployed testbed. All state it needs is in `backend.state`."""
 
     name: str = ""
+    delays_ingress: ClassVar[bool] = False
+    """It holds arriving packets in a delay line on the receiver (on a remote machine too: the agent installs one
+    there); otherwise the sender's egress leaf (`egress_leaf`) carries the delay."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -87,6 +98,34 @@ class Shaper(ABC):
     @abstractmethod
     def drops(self) -> list[DirectionDrops]:
         """Drop counters per OTN direction."""
+
+    # -- optional capabilities: a shaper that has none answers neutrally ----------------------------
+    def hold_counters(self) -> dict[str, tuple[int, float]]:
+        """Per direction (label) whose holds this shaper times itself: packets released so far and the sum of
+        their release error (seconds, release time less due time). {}: none (netem's holds are the kernel's)."""
+        return {}
+
+    def restarts(self) -> dict[str, int]:
+        """Per node that runs a daemon of this shaper: how often it died and was started again. {}: no daemons."""
+        return {}
+
+    def daemon_stats(self, node: str) -> DaemonStats | None:
+        """The statistics of this shaper's daemon on `node` (its CPU time among them); None where none runs."""
+        return None
+
+    def calibration(self) -> dict[str, float]:
+        """Per direction (label): the emulator's own one-way latency each hold was shortened by. {}: nothing
+        measured (or a shaper that does not calibrate)."""
+        record = self.backend.state.shaper
+        return dict(record.calibration_s) if record is not None and record.name == self.name else {}
+
+    @classmethod
+    def egress_leaf(cls, hold_s: float, rate_queue_packets: int, delay_queue_packets: int, jitter_s: float = 0.0,
+                    loss: float = 0.0) -> tuple[int, dict[str, Any] | None]:
+        """The leaf under one HTB rate class, for a direction held `hold_s` (jitter, loss): its packet limit and
+        its netem options, None for a plain pfifo that only queues for the rate (the default: the delay is
+        held elsewhere, or nowhere)."""
+        return rate_queue_packets, None
 
     def apply_fabric(self, plan: Plan) -> None:
         """HTB at the DC fabric rate on every egress towards or from a host (any rate: no 1 Gbit ceiling)."""

@@ -4,10 +4,15 @@ Veth hops, forwarding, the NFQUEUE round trip through the daemon and the probe's
 ~0.05-0.15 ms one way on a 2-core VM. A real link of delay d should deliver d end to end, so shapers first
 hold every packet for a known time, measure, and then hold for d minus the measured excess (never below
 zero). The report names the figure subtracted.
+
+One rule for two readings of one excess (`agreed`): within AGREE_S of each other the later stands, further
+apart a third reading decides; `correction` says whether a residual is worth a new hold. The netem shaper's
+`confirmed_excess` keeps the first of two that agree.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 
@@ -22,6 +27,9 @@ CALIBRATION_ROUNDS = 4
 round moves it little, and it is what a later measurement typically sees. (The lowest round median, used
 before, sat below the typical one: on CI the delivered delay then read 125-183 us over the asked 4-5 ms in
 every later round, against a 120-150 us tolerance; here rounds of 10 probes vary by about +-75 us.)"""
+AGREE_S = 100e-6
+"""Two readings of one excess closer than this agree: rounds of CALIBRATION_PROBES probes vary by about
++-75 us. Further apart, one of them was disturbed (a stalled host reads high in every probe of a round)."""
 CALIBRATION_HOLD_S = 1e-3
 """The delay line's calibration hold: its daemon's lateness does not depend on the hold's length."""
 
@@ -65,6 +73,13 @@ def outvoted(first_s: float, second_s: float, third: Callable[[], float]) -> flo
 def agreed(first_s: float, second_s: float, third: Callable[[], float], agree_s: float) -> float:
     """The later of two readings of one excess that agree within `agree_s`; otherwise `outvoted` decides."""
     return second_s if abs(second_s - first_s) <= agree_s else outvoted(first_s, second_s, third)
+
+
+def correction(residual_s: float, floor_s: float, limit_s: float = math.inf) -> float:
+    """What a hold is corrected by for a measured residual: nothing within `floor_s` (the readings' own
+    resolution or scatter) or past `limit_s` (no calibration error but a missing or doubled delay, left for
+    verify to see); otherwise the residual."""
+    return residual_s if floor_s < abs(residual_s) <= limit_s else 0.0
 
 
 def base_one_way(backend: Backend, installed_hold_s: float = 0.0) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """The `delayline` shaper, for kernels without netem: rate by HTB on the sender's OTN egress, delay by an
-NFQUEUE verdict daemon on the receiver's ingress (iptables raw PREROUTING), one daemon per receiving router.
+NFQUEUE verdict daemon on the receiver's ingress (iptables raw PREROUTING), one daemon per receiving router,
+installed by `delayline_install` (as each remote machine's is).
 
 Queueing on the receiver's ingress (not the sender's egress) keeps TCP Small Queues from throttling the
 sender; the rule has no --queue-bypass, so a dead daemon stops the link's traffic (loud) instead of
@@ -8,35 +9,43 @@ letting it through undelayed (silent).
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
-from testbed.backends import nsfs
 from testbed.plan.model import LinkDirection, Plan
-from testbed.shaping import htb, nfqueue
+from testbed.shaping import htb
 from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError
-from testbed.shaping.calibrate import CALIBRATION_HOLD_S, agreed, base_one_way, excess_one_way
-from testbed.shaping.delayline import DaemonConfig, DaemonStats, QueueConfig, Timing
+from testbed.shaping.calibrate import AGREE_S, CALIBRATION_HOLD_S, agreed, base_one_way, correction, excess_one_way
+from testbed.shaping.delayline import DaemonStats, QueueConfig, Timing
+from testbed.shaping.delayline_install import (
+    DELIVERED_COMMENT,
+    DelayLineInstall,
+    IptablesRule,
+    NodePlace,
+    delivered_rule,
+    hold,
+    iptables_binary,
+    listing,
+    nfqueue_rule,
+    queue_counters,
+    rule_packets,
+    write_config,
+)
 from testbed.shaping.supervisor import SupervisorStatus
 from testbed.state.records import DaemonFiles, ProcessRecord
 
-READY_TIMEOUT_S = 60.0
 WAKEUP_FLOOR_S = 150e-6
 """A hold shorter than this cannot be timed: the daemon needs ~0.1-0.2 ms to wake on a packet's arrival."""
 STATS_STALE_S = 3.0
 TRIM_THRESHOLD_S = 20e-6
 """A residual below this after the first calibration is left alone: the probe's own resolution."""
-TRIM_AGREE_S = 100e-6
+TRIM_AGREE_S = AGREE_S
 """A trim reading further than this from the first calibration is read a third time and the median kept (rounds
 of probes vary by about +-75 us): CI, 2026-12-04, a single disturbed trim reading 166-307 us high was kept and
 the link delivered 4.834 ms for 5 ms and 1.693 ms for 2 ms for as long as it was up."""
-DELIVERED_COMMENT = "tb-delivered"
+ROLE = "delayline"
+"""The role of its supervisors among the testbed's processes."""
 
 
 def queue_number(ifname: str) -> int:
@@ -44,27 +53,21 @@ def queue_number(ifname: str) -> int:
     return int(ifname.removeprefix("otn"))
 
 
-def iptables_rule(ifname: str, action: str = "-A") -> list[str]:
-    """The NFQUEUE rule of one incoming OTN interface (`-A` to add it, `-D` to delete it)."""
-    return ["-t", "raw", action, "PREROUTING", "-i", ifname, "-j", "NFQUEUE", "--queue-num", str(queue_number(ifname))]
+def hold_rule(ifname: str) -> IptablesRule:
+    """The NFQUEUE rule of one incoming OTN interface: the interface carries one link, so it selects by `-i`."""
+    return nfqueue_rule(queue_number(ifname), "-i", ifname)
 
 
-def delivered_rule(ifname: str) -> list[str]:
-    """A counting rule (no target) where packets the delay line accepted arrive next: mangle PREROUTING."""
-    return ["-t", "mangle", "-A", "PREROUTING", "-i", ifname, "-m", "comment", "--comment", DELIVERED_COMMENT]
-
-
-def rule_packets(listing: str, ifname: str, marker: str) -> int | None:
-    """The packet counter of the rule on `-i ifname` that contains `marker`, from `iptables -S -v` output."""
-    for line in listing.splitlines():
-        words = line.split()
-        if line.startswith("-A ") and marker in line and words[words.index("-i") + 1:][:1] == [ifname]:
-            return int(words[words.index("-c") + 1])
-    return None
+def queue_config(direction: LinkDirection, subtract: dict[str, float]) -> QueueConfig:
+    """Daemon config of one direction: hold for the planned delay minus `subtract[direction]`."""
+    return hold(queue_number(direction.dst_ifname), direction.dst_ifname, direction.delay_s,
+                subtract.get(direction.label, 0.0), rate_bps=direction.rate_bps, mtu=direction.mtu,
+                maxlen=direction.delay_queue_packets, jitter_s=direction.jitter_s, loss=direction.loss)
 
 
 class DelaylineShaper(Shaper):
     name = "delayline"
+    delays_ingress = True
 
     # -- files of this testbed's daemons ---------------------------------------------------------
     def _files(self, node: str) -> DaemonFiles:
@@ -73,10 +76,18 @@ class DelaylineShaper(Shaper):
         return DaemonFiles(config=str(d / f"delayline-{node}.json"), stats=str(d / f"delayline-{node}.stats.json"),
                            log=str(d / f"delayline-{node}.log"), status=str(d / f"delayline-{node}.status.json"))
 
+    def _line(self, node: str) -> DelayLineInstall:
+        """The node's delay line as installed (its files from the testbed's state)."""
+        return DelayLineInstall(NodePlace(self.backend, node), self.record.daemons[node])
+
+    def _place(self, node: str) -> NodePlace:
+        return NodePlace(self.backend, node)
+
     # -- apply ------------------------------------------------------------------------------------
     def apply(self, plan: Plan) -> None:
-        if not _iptables():
-            raise ShaperError("the delayline shaper needs iptables with the NFQUEUE target (apt-get install iptables)")
+        if not iptables_binary():
+            raise ShaperError("the delayline shaper needs iptables with the NFQUEUE target",
+                              hint="apt-get install iptables")
         for d in plan.directions:
             with self.backend.netlink(d.src_node) as ipr:
                 htb.apply_rate(ipr, htb.RateSpec(d.src_node, d.src_ifname, d.rate_bps, d.rate_queue_packets))
@@ -85,18 +96,21 @@ class DelaylineShaper(Shaper):
         incoming: dict[str, list[LinkDirection]] = defaultdict(list)
         for d in plan.directions:
             incoming[d.dst_node].append(d)
-        hold = {d.label: d.delay_s - CALIBRATION_HOLD_S for d in plan.directions}
+        hold_s = {d.label: d.delay_s - CALIBRATION_HOLD_S for d in plan.directions}
         for node, directions in incoming.items():
-            files = self._files(node)
-            self._write_config(Path(files.config), [self._queue_config(d, hold) for d in directions], timing=Timing())
-            Path(files.stats).unlink(missing_ok=True)
-            self._start_daemon(node, files)
-            record.daemons[node] = files
+            line = DelayLineInstall(self._place(node), self._files(node))
+            line.configure([queue_config(d, hold_s) for d in directions], timing=Timing())
+            line.start(lambda pid, node=node: self._started(pid, node))
+            record.daemons[node] = line.files
             self.backend.state.save()
             for d in directions:
-                self._iptables(node, delivered_rule(d.dst_ifname))
-                self._iptables(node, iptables_rule(d.dst_ifname))
+                line.add(delivered_rule(d.dst_ifname))
+                line.add(hold_rule(d.dst_ifname))
         self._calibrate(incoming)
+
+    def _started(self, pid: int, node: str) -> None:
+        self.backend.state.processes.append(ProcessRecord.of(pid, ROLE, node))
+        self.backend.state.save()
 
     def _incoming(self) -> dict[str, list[LinkDirection]]:
         incoming: dict[str, list[LinkDirection]] = defaultdict(list)
@@ -109,18 +123,14 @@ class DelaylineShaper(Shaper):
         own latency (or the native path), then trimmed at the hold it keeps."""
         record = self.record
         for node, directions in incoming.items():
-            self._write_config(Path(record.daemons[node].config),
-                               [self._queue_config(d, {d.label: d.delay_s - CALIBRATION_HOLD_S}) for d in directions])
-            self._reload(node)
+            self._configure(node, [queue_config(d, {d.label: d.delay_s - CALIBRATION_HOLD_S}) for d in directions])
         record.calibration_s = base_one_way(self.backend, installed_hold_s=CALIBRATION_HOLD_S)
         record.native, record.warnings = [], []
         for d in self.directions:
             self._place_hold(d)
         self.backend.state.save()
         for node, directions in incoming.items():
-            config = Path(record.daemons[node].config)
-            self._write_config(config, [self._queue_config(d, record.calibration_s) for d in directions])
-            self._reload(node)
+            self._configure(node, [queue_config(d, record.calibration_s) for d in directions])
         self._trim(incoming)
 
     def retime(self, timing: Timing) -> None:
@@ -131,15 +141,13 @@ class DelaylineShaper(Shaper):
             if d.label in self.record.native:                  # calibrated with its hold like every other
                 self._hold_again(d)
         for node in incoming:
-            config = Path(self.record.daemons[node].config)
-            self._write_config(config, DaemonConfig.from_json(json.loads(config.read_text())).queues, timing=timing)
-            self._reload(node)
+            self._configure(node, self._line(node).config().queues, timing=timing)
         self._calibrate(incoming)
 
     def timing(self) -> Timing:
         """How the daemons keep time (their configuration files)."""
-        for files in self.record.daemons.values():
-            return DaemonConfig.from_json(json.loads(Path(files.config).read_text())).timing
+        for node in self.record.daemons:
+            return self._line(node).config().timing
         return Timing()
 
     def _trim(self, incoming: dict[str, list[LinkDirection]]) -> None:
@@ -154,29 +162,24 @@ class DelaylineShaper(Shaper):
             for d in directions:
                 if d.label in record.native:
                     continue
-                hold = d.delay_s - record.calibration_s[d.label]
+                hold_s = d.delay_s - record.calibration_s[d.label]
                 before = self._fresh_counters(node).get(d.label, (0, 0.0))
                 first = record.calibration_s[d.label]
-                excess = agreed(first, excess_one_way(self.backend, d, hold),
-                                lambda d=d, hold=hold: excess_one_way(self.backend, d, hold), TRIM_AGREE_S)
+                excess = agreed(first, excess_one_way(self.backend, d, hold_s),
+                                lambda d=d, hold_s=hold_s: excess_one_way(self.backend, d, hold_s), TRIM_AGREE_S)
                 after = self._fresh_counters(node).get(d.label, (0, 0.0))
                 if after[0] > before[0]:
                     record.release_error_s[d.label] = (after[1] - before[1]) / (after[0] - before[0])
-                if abs(excess - first) > TRIM_THRESHOLD_S:
+                if correction(excess - first, TRIM_THRESHOLD_S):
                     record.calibration_s[d.label], changed = excess, True
             if changed:
-                config = Path(record.daemons[node].config)
-                self._write_config(config, [self._queue_config(d, record.calibration_s) for d in directions])
-                self._reload(node)
+                self._configure(node, [queue_config(d, record.calibration_s) for d in directions])
         self.backend.state.save()
 
     def _fresh_counters(self, node: str) -> dict[str, tuple[int, float]]:
         """hold_counters() with the node's daemon made to write its statistics now (a reload of the same
         configuration: the daemon writes them when it takes a new generation)."""
-        config = Path(self.record.daemons[node].config)
-        current = DaemonConfig.from_json(json.loads(config.read_text()))
-        self._write_config(config, current.queues)
-        self._reload(node)
+        self._configure(node, self._line(node).config().queues)
         return self.hold_counters()
 
     def _place_hold(self, direction: LinkDirection) -> None:
@@ -191,7 +194,7 @@ class DelaylineShaper(Shaper):
         native = direction.delay_s < path + WAKEUP_FLOOR_S / 2
         was_native = label in record.native
         if native and not was_native:
-            self._iptables(direction.dst_node, iptables_rule(direction.dst_ifname, "-D"))
+            self._line(direction.dst_node).delete(hold_rule(direction.dst_ifname))
             record.native.append(label)
         elif was_native and not native:
             self._hold_again(direction)
@@ -209,96 +212,42 @@ class DelaylineShaper(Shaper):
     def _hold_again(self, direction: LinkDirection) -> None:
         """A native-path direction back on the delay line (the delivery counter restarts first: it may only
         under-count)."""
-        delivered = delivered_rule(direction.dst_ifname)
-        self._iptables(direction.dst_node, [*delivered[:2], "-D", *delivered[3:]])
-        self._iptables(direction.dst_node, delivered)
-        self._iptables(direction.dst_node, iptables_rule(direction.dst_ifname))
+        line = self._line(direction.dst_node)
+        line.delete(delivered_rule(direction.dst_ifname))
+        line.add(delivered_rule(direction.dst_ifname))
+        line.add(hold_rule(direction.dst_ifname))
         self.record.native.remove(direction.label)
 
-    @staticmethod
-    def _write_config(path: Path, queues: list[QueueConfig], timing: Timing | None = None) -> None:
-        """A new generation of a daemon's configuration; the timing stays as it was unless given."""
-        old = DaemonConfig.from_json(json.loads(path.read_text())) if path.exists() else None
-        config = DaemonConfig(old.generation + 1 if old else 0, queues,
-                              timing or (old.timing if old else Timing()))
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(config.to_json(), indent=1))
-        os.replace(tmp, path)
+    def _configure(self, node: str, queues: list[QueueConfig], timing: Timing | None = None) -> None:
+        """A new generation of the node's configuration, taken by its daemon before this returns."""
+        self._write_config(Path(self.record.daemons[node].config), queues, timing)
+        self._reload(node)
+
+    _write_config = staticmethod(write_config)
 
     def _reload(self, node: str) -> None:
-        """SIGHUP the node's daemon and wait until it reports its config file's generation."""
-        generation = DaemonConfig.from_json(json.loads(Path(self.record.daemons[node].config).read_text())).generation
+        """The node's daemon takes its configuration file's generation (its supervisor passes SIGHUP on)."""
         daemon = self._daemon(node)
         if daemon is None or not daemon.alive():
-            raise ShaperError(f"delay daemon on {node} is not running; 'testbed verify' shows why")
-        os.kill(daemon.pid, signal.SIGHUP)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            stats = self.daemon_stats(node)
-            if stats and stats.generation >= generation:
-                return
-            time.sleep(0.005)
-        raise ShaperError(f"delay daemon on {node} did not take its new configuration")
-
-    @staticmethod
-    def _queue_config(direction: LinkDirection, subtract: dict[str, float]) -> QueueConfig:
-        """Daemon config of one direction: hold for the planned delay minus `subtract[direction]`."""
-        base = subtract.get(direction.label, 0.0)
-        return QueueConfig(queue=queue_number(direction.dst_ifname), ifname=direction.dst_ifname,
-                           delay_s=max(0.0, direction.delay_s - base), jitter_s=direction.jitter_s,
-                           loss=direction.loss, maxlen=direction.delay_queue_packets, rate_bps=direction.rate_bps,
-                           mtu=direction.mtu)
-
-    def _start_daemon(self, node: str, files: DaemonFiles) -> None:
-        log, stats = Path(files.log), Path(files.stats)
-        with open(log, "ab") as logf:
-            proc = self.backend.popen(node, [sys.executable, "-m", "testbed.shaping.supervisor", files.config,
-                                             files.stats, files.status],
-                                      stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True, env={**os.environ, "PYTHONPATH": _package_root()})
-        self.backend.state.processes.append(ProcessRecord.of(proc.pid, "delayline", node))
-        self.backend.state.save()
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise ShaperError(f"delay daemon on {node} exited with {proc.returncode}: "
-                                  f"{log.read_text()[-800:].strip()}")
-            if stats.exists():
-                return
-            time.sleep(0.01)
-        raise ShaperError(f"delay daemon on {node} did not become ready in {READY_TIMEOUT_S:.0f} s; log: {log}")
-
-    def _iptables(self, node: str, rule: list[str]) -> None:
-        result = self.backend.exec(node, [_iptables() or "iptables", "-w", *rule], capture_output=True, text=True)
-        if result.returncode != 0:
-            raise ShaperError(f"iptables on {node} refused {' '.join(rule)}: {result.stderr.strip()}")
+            raise ShaperError(f"delay daemon on {node} is not running", hint="'testbed verify' shows why")
+        self._line(node).reload(daemon.pid)
 
     # -- run-time change --------------------------------------------------------------------------
     def set_direction(self, direction: LinkDirection) -> None:
         with self.backend.netlink(direction.src_node) as ipr:
             htb.change_rate(ipr, direction.src_ifname, direction.rate_bps)
-        record = self.record
-        config_path = Path(record.daemons[direction.dst_node].config)
-        config = DaemonConfig.from_json(json.loads(config_path.read_text()))
-        new = self._queue_config(direction, record.calibration_s)
-        queues = [new if q.queue == new.queue else q for q in config.queues]
-        self._write_config(config_path, queues)
-        self._reload(direction.dst_node)
+        line = self._line(direction.dst_node)
+        new = queue_config(direction, self.record.calibration_s)
+        self._configure(direction.dst_node, [new if q.queue == new.queue else q for q in line.config().queues])
         self._place_hold(direction)
         self.backend.state.save()
 
     def _daemon(self, node: str) -> ProcessRecord | None:
         """The node's delay-line supervisor (the daemon's parent: signals to it reach the daemon)."""
-        return next((p for p in self.backend.state.processes if p.role == "delayline" and p.node == node), None)
+        return next((p for p in self.backend.state.processes if p.role == ROLE and p.node == node), None)
 
     def supervisor_status(self, node: str) -> SupervisorStatus | None:
-        files = self.record.daemons.get(node)
-        if not files or not files.status:
-            return None
-        try:
-            return SupervisorStatus.from_json(json.loads(Path(files.status).read_text()))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return self._line(node).supervisor() if node in self.record.daemons else None
 
     def restarts(self) -> dict[str, int]:
         """Per receiving router: how often its daemon died and was started again."""
@@ -308,13 +257,7 @@ class DelaylineShaper(Shaper):
     # -- inspection -------------------------------------------------------------------------------
     def daemon_stats(self, node: str) -> DaemonStats | None:
         """The daemon's own statistics file (written by `testbed.shaping.delayline`), None while it has none."""
-        files = self.record.daemons.get(node)
-        if not files:
-            return None
-        try:
-            return DaemonStats.from_json(json.loads(Path(files.stats).read_text()))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        return self._line(node).stats() if node in self.record.daemons else None
 
     def hold_counters(self) -> dict[str, tuple[int, float]]:
         """Per direction (label): packets released so far and the sum of their release error (seconds, signed:
@@ -323,10 +266,11 @@ class DelaylineShaper(Shaper):
         delay the link delivered under the run's load."""
         out = {}
         for d in self.directions:
-            stats = self.daemon_stats(d.dst_node)
-            q = stats.queues.get(queue_number(d.dst_ifname)) if stats else None
-            if q is not None and d.label not in self.record.native:
-                out[d.label] = (q.released, q.error_us_sum / 1e6)
+            if d.label in self.record.native or d.dst_node not in self.record.daemons:
+                continue
+            holds = self._line(d.dst_node).holds(queue_number(d.dst_ifname))
+            if holds is not None:
+                out[d.label] = holds
         return out
 
     def health(self) -> Health:
@@ -352,34 +296,22 @@ class DelaylineShaper(Shaper):
         for d in self.directions:
             if d.label in self.record.native:
                 continue
-            want = " ".join(iptables_rule(d.dst_ifname)[2:])
+            want = hold_rule(d.dst_ifname).spec
             if want not in rules.get(d.dst_node, ""):
                 report.problems.append(f"{d.label}: NFQUEUE rule missing on {d.dst_node} ({want})")
         report.details["daemons"] = {node: self.daemon_stats(node) for node in daemons}
         return report
 
     def _installed_rules(self, table: str = "raw", counters: bool = False) -> dict[str, str]:
-        rules = {}
-        for node in {d.dst_node for d in self.directions}:
-            out = self.backend.exec(node, [_iptables() or "iptables", "-w", "-t", table, "-S", "PREROUTING",
-                                           *(["-v"] if counters else [])], capture_output=True, text=True)
-            rules[node] = out.stdout
-        return rules
+        return {node: listing(self._place(node), table, counters) for node in {d.dst_node for d in self.directions}}
 
     def drops(self) -> list[DirectionDrops]:
         result = []
-        counters: dict[str, dict[int, nfqueue.QueueCounters]] = {}
         entered, delivered = self._installed_rules("raw", True), self._installed_rules("mangle", True)
+        kernel = {node: queue_counters(self._place(node)) for node in {d.dst_node for d in self.directions}}
         for d in self.directions:
-            if d.dst_node not in counters:
-                with nsfs.entered(self.backend.netns_path(d.dst_node)):
-                    try:
-                        text = Path("/proc/thread-self/net/netfilter/nfnetlink_queue").read_text()
-                    except FileNotFoundError:
-                        text = ""
-                counters[d.dst_node] = nfqueue.parse_proc(text)
             qnum = queue_number(d.dst_ifname)
-            q = counters[d.dst_node].get(qnum)
+            q = kernel[d.dst_node].get(qnum)
             daemon = self.daemon_stats(d.dst_node)
             stats = daemon.queues.get(qnum) if daemon else None
             queue_drops = (q.dropped + q.user_dropped) if q else 0
@@ -394,13 +326,3 @@ class DelaylineShaper(Shaper):
                 link=d.link, direction=d.label, qdisc_drops=self.qdisc_drops(d), queue_drops=queue_drops,
                 daemon_gaps=gaps, random_drops=random_drops, lost_without_listener=lost))
         return result
-
-
-def _iptables() -> str | None:
-    import shutil
-
-    return shutil.which("iptables")
-
-
-def _package_root() -> str:
-    return str(Path(__file__).resolve().parent.parent.parent)

@@ -3,7 +3,10 @@ a netem leaf for delay (and jitter/loss for fault experiments), its `limit` size
 
 netem's own lateness depends on the hold where timers are coarse (QEMU TCG, measured: +1.1 ms at a 1 ms
 hold, +0.3-0.5 ms at 5-40 ms), so each direction is calibrated at the delay it is to deliver, at bring-up
-and again whenever `link set` changes it."""
+and again whenever `link set` changes it.
+
+The egress leaf (`NetemShaper.egress_leaf`: netem options and limit) is the one a remote machine's agent installs
+under each destination's class too (testbed.remote.hostshape)."""
 
 from __future__ import annotations
 
@@ -13,25 +16,25 @@ from typing import Any
 from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb
 from testbed.shaping.base import DirectionDrops, Health, Shaper
-from testbed.shaping.calibrate import confirmed_excess, excess_one_way
+from testbed.shaping.calibrate import AGREE_S, confirmed_excess, excess_one_way
 
-CALIBRATION_AGREE_S = 100e-6
-"""Two calibrations of one direction closer than this agree: rounds of probes vary by about +-75 us."""
+CALIBRATION_AGREE_S = AGREE_S
+"""Two calibrations of one direction closer than this agree (calibrate.AGREE_S)."""
 
 
-def netem_options(direction: LinkDirection, base_s: float) -> dict[str, Any]:
-    """pyroute2 netem options: delay and jitter in microseconds, loss in percent."""
-    opts: dict[str, Any] = {"delay": int(round(max(0.0, direction.delay_s - base_s) * 1e6))}
-    if direction.jitter_s:
-        opts["jitter"] = int(round(direction.jitter_s * 1e6))
-    if direction.loss:
-        opts["loss"] = direction.loss * 100
+def netem_options(hold_s: float, jitter_s: float = 0.0, loss: float = 0.0) -> dict[str, Any]:
+    """pyroute2 netem options: delay (never below zero) and jitter in microseconds, loss in percent."""
+    opts: dict[str, Any] = {"delay": int(round(max(0.0, hold_s) * 1e6))}
+    if jitter_s:
+        opts["jitter"] = int(round(jitter_s * 1e6))
+    if loss:
+        opts["loss"] = loss * 100
     return opts
 
 
-def netem_limit(direction: LinkDirection) -> int:
+def netem_limit(rate_queue_packets: int, delay_queue_packets: int) -> int:
     """netem holds both the rate limiter's backlog and the packets in flight over the delay."""
-    return direction.rate_queue_packets + direction.delay_queue_packets
+    return rate_queue_packets + delay_queue_packets
 
 
 def _delay_only(direction: LinkDirection) -> LinkDirection:
@@ -42,11 +45,23 @@ def _delay_only(direction: LinkDirection) -> LinkDirection:
 class NetemShaper(Shaper):
     name = "netem"
 
+    @classmethod
+    def egress_leaf(cls, hold_s: float, rate_queue_packets: int, delay_queue_packets: int, jitter_s: float = 0.0,
+                    loss: float = 0.0) -> tuple[int, dict[str, Any] | None]:
+        return netem_limit(rate_queue_packets, delay_queue_packets), netem_options(hold_s, jitter_s, loss)
+
+    def _leaf(self, direction: LinkDirection, base_s: float) -> tuple[int, dict[str, Any]]:
+        """One direction's egress leaf, its hold shortened by `base_s`."""
+        limit, options = self.egress_leaf(direction.delay_s - base_s, direction.rate_queue_packets,
+                                          direction.delay_queue_packets, direction.jitter_s, direction.loss)
+        return limit, options or {}
+
     def apply(self, plan: Plan) -> None:
         for d in plan.directions:      # the asked delay first: calibrate the path as it will be used
+            limit, options = self._leaf(_delay_only(d), 0.0)
             with self.backend.netlink(d.src_node) as ipr:
-                htb.apply_rate(ipr, htb.RateSpec(d.src_node, d.src_ifname, d.rate_bps, netem_limit(d), leaf="netem",
-                                                 netem=netem_options(_delay_only(d), 0.0)))
+                htb.apply_rate(ipr, htb.RateSpec(d.src_node, d.src_ifname, d.rate_bps, limit, leaf="netem",
+                                                 netem=options))
         self.apply_fabric(plan)
         for d in plan.directions:
             self.record.calibration_s[d.label] = excess_one_way(self.backend, d, d.delay_s)
@@ -73,11 +88,12 @@ class NetemShaper(Shaper):
     def _install(self, direction: LinkDirection, base_s: float | None = None) -> None:
         """Rate and netem options of one direction, its hold shortened by `base_s` (default: its calibration)."""
         base = self.record.calibration_s.get(direction.label, 0.0) if base_s is None else base_s
+        limit, options = self._leaf(direction, base)
         with self.backend.netlink(direction.src_node) as ipr:
             index = ipr.link_lookup(ifname=direction.src_ifname)[0]
             htb.change_rate(ipr, direction.src_ifname, direction.rate_bps)
             ipr.tc("change", "netem", index=index, handle=htb.LEAF_HANDLE, parent=htb.CLASS_HANDLE,
-                   limit=netem_limit(direction), **netem_options(direction, base))
+                   limit=limit, **options)
 
     def health(self) -> Health:
         report = Health(problems=self.qdisc_problems())
