@@ -24,9 +24,8 @@ from testbed.shaping.base import ShaperError
 CALIBRATION_PROBES = 10
 CALIBRATION_ROUNDS = 4
 """The calibration is the median of every probe of a few rounds, after a discarded warm-up round: a hiccup
-round moves it little, and it is what a later measurement typically sees. (The lowest round median, used
-before, sat below the typical one: on CI the delivered delay then read 125-183 us over the asked 4-5 ms in
-every later round, against a 120-150 us tolerance; here rounds of 10 probes vary by about +-75 us.)"""
+round moves it little, and it is what a later measurement typically sees (not the lowest round's median,
+which sits below the typical one by about the rounds' own scatter, +-75 us for rounds of 10 probes)."""
 AGREE_S = 100e-6
 """Two readings of one excess closer than this agree: rounds of CALIBRATION_PROBES probes vary by about
 +-75 us. Further apart, one of them was disturbed (a stalled host reads high in every probe of a round)."""
@@ -50,12 +49,10 @@ def excess_one_way(backend: Backend, direction: LinkDirection, installed_hold_s:
 
 
 def confirmed_excess(backend: Backend, direction: LinkDirection, first_s: float, agree_s: float) -> float:
-    """The excess measured once more at the hold that will be kept (the asked delay less `first_s`).
-
-    A calibration taken while the machine stalls (QEMU TCG on a busy CI host) reads high in every probe, and
-    the delivered delay is then short by as much for as long as the link is up (CI, 2026-12-04: 23.96 ms for
-    25 ms, the first calibration +1.04 ms over the excess the path really had). Two readings that agree
-    within `agree_s` stand (the first is kept); otherwise `outvoted` decides."""
+    """The excess measured once more at the hold that will be kept (the asked delay less `first_s`), so that
+    one calibration taken while the host stalled (it reads high in every probe, and the link would deliver
+    short by as much for as long as it is up) cannot stand alone. Two readings that agree within `agree_s`
+    stand (the first is kept); otherwise `outvoted` decides."""
     hold = max(0.0, direction.delay_s - first_s)
     second = excess_one_way(backend, direction, hold)
     if abs(second - first_s) <= agree_s:

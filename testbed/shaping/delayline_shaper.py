@@ -41,9 +41,7 @@ STATS_STALE_S = 3.0
 TRIM_THRESHOLD_S = 20e-6
 """A residual below this after the first calibration is left alone: the probe's own resolution."""
 TRIM_AGREE_S = AGREE_S
-"""A trim reading further than this from the first calibration is read a third time and the median kept (rounds
-of probes vary by about +-75 us): CI, 2026-12-04, a single disturbed trim reading 166-307 us high was kept and
-the link delivered 4.834 ms for 5 ms and 1.693 ms for 2 ms for as long as it was up."""
+"""Two trim readings closer than this agree (the later is kept); further apart, a third decides (calibrate.agreed)."""
 ROLE = "delayline"
 """The role of its supervisors among the testbed's processes."""
 
@@ -153,9 +151,10 @@ class DelaylineShaper(Shaper):
     def _trim(self, incoming: dict[str, list[LinkDirection]]) -> None:
         """Closed loop: each held direction measured again at its real hold, re-corrected by the residual.
 
-        The first calibration holds CALIBRATION_HOLD_S; on some hosts the daemon wakes later after longer holds
-        (CI, 2026-12-03: +135 us at 4 ms and +183 us at 5 ms in every round, against a 120-150 us tolerance).
-        Measured at the hold it will keep, the excess is what later packets pay."""
+        The first calibration holds CALIBRATION_HOLD_S, and a daemon may wake later after longer holds; measured
+        at the hold it will keep, the excess is what later packets pay. Two readings (the first calibration and
+        one at the kept hold) within TRIM_AGREE_S keep the later, else a third decides (calibrate.agreed); a
+        change within TRIM_THRESHOLD_S is not made."""
         record = self.record
         for node, directions in incoming.items():
             changed = False
