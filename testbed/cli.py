@@ -30,6 +30,7 @@ from testbed.plan import build_plan
 from testbed.plan.render import render_plan
 from testbed.rdma.support import ROUTES, rxe_in_namespaces
 from testbed.run.dilation import DEFAULT_DILATION as DILATION
+from testbed.run.dilation import plan_dilation
 from testbed.run.transport import AUTO, CHOICES
 from testbed.shaping.registry import CHOICES as SHAPER_CHOICES
 from testbed.state import store as statefile
@@ -384,6 +385,13 @@ def _compute(text: str) -> str:
     return parse_compute(text).text
 
 
+def _dilation(text: str) -> str:
+    """`--dilation`'s form (off, auto or a factor of at least 1), checked now; whether the cores allow a factor is
+    for the run to say, when it knows its workers."""
+    plan_dilation(text, workers=1, cpus=1 << 16)
+    return text
+
+
 def _transports(text: str) -> list[str]:
     chosen = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in chosen if t not in TRANSPORTS]
@@ -401,7 +409,7 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
         memory_budget=args.memory_budget, stages=args.stages, placement=args.placement,
         hang_timeout_s=args.hang_timeout, lr=args.lr, seed=args.seed, dump_gradients=args.dump_gradients,
-        transport=args.transport, rdma_slots=args.rdma_slots, dilation=args.dilation, compute=args.compute)
+        transport=args.transport, rdma_slots=args.rdma_slots, dilation=_dilation(args.dilation), compute=args.compute)
 
 
 def check_training(args: argparse.Namespace) -> None:
@@ -446,7 +454,7 @@ def check_experiment(args: argparse.Namespace) -> None:
         memory_budget=None if args.memory_budget in (None, "", "none") else _budget(args.memory_budget,
                                                                                     "--memory-budget"),
         results=args.results, backend=args.backend, switch=args.switch, transports=_transports(args.transport),
-        dilation=args.dilation, compute=_compute(args.compute), stages=args.stages)
+        dilation=_dilation(args.dilation), compute=_compute(args.compute), stages=args.stages)
 
 
 # ---- Each command's arguments. ------------------------------------------------------------------------------------
