@@ -14,8 +14,9 @@ Per stage, over the steady iterations (means, so the parts add up to the step ex
                                      (the simulator, no per-message cost) and the rest is the transport's and
                                      the emulator's cost beyond the configured link
          + executor                  the executor's own work between spans (posting, allocating, accounting)
-         + skew                      the step is first start to last end over every stage; this stage's share
-                                     of it outside its own iteration
+         + skew                      the step is the first stage's start to the last end over every stage; this
+                                     stage's share of it outside its own iteration, of which `ideal_tail` is the
+                                     time the ideal pipeline also ends this stage before the last one
 
 `ideal_step` is the simulator's step with the reference compute and the configured links: what the step
 would be if the testbed cost nothing; `overhead = step - ideal_step` is the apparatus's cost.
@@ -38,7 +39,7 @@ from workloads.records import IterationRecord, RankTrace
 from workloads.simulate import Costs, Deadlock, simulate
 
 COMPONENTS = ("compute_cpu_excess_s", "compute_preempted_s", "compute_blocked_s", "wait_beyond_ideal_s",
-              "executor_s", "skew_s")
+              "executor_s", "skew_beyond_ideal_s")
 """The parts of a step beyond the ideal pipeline, in the order tables show them."""
 LABELS = {
     "compute_cpu_excess_s": "compute ran slower than alone (CPU)",
@@ -46,7 +47,7 @@ LABELS = {
     "compute_blocked_s": "compute blocked (slept)",
     "wait_beyond_ideal_s": "waiting beyond the ideal pipeline",
     "executor_s": "executor between spans",
-    "skew_s": "start/end skew between stages",
+    "skew_beyond_ideal_s": "end skew beyond the ideal pipeline's",
 }
 
 
@@ -87,18 +88,26 @@ class StageBreakdown:
 
     @property
     def wait_beyond_ideal_s(self) -> float:
-        ideal = (self.ideal_wait_s or 0.0) + (self.ideal_tail_s or 0.0)
-        return self.wait_s - ideal
+        """Its waits beyond those of the ideal pipeline."""
+        return self.wait_s - (self.ideal_wait_s or 0.0)
+
+    @property
+    def skew_beyond_ideal_s(self) -> float:
+        """The step beyond this stage's own iteration, less what the ideal pipeline has there too (a stage that
+        ends before the last one idles for the rest of the step in any pipeline: its tail)."""
+        return self.skew_s - (self.ideal_tail_s or 0.0)
 
     def component(self, name: str) -> float:
         return float(getattr(self, name))
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "wait_beyond_ideal_s": self.wait_beyond_ideal_s, "compute_drift": self.compute_drift}
+        return {**asdict(self), "wait_beyond_ideal_s": self.wait_beyond_ideal_s,
+                "skew_beyond_ideal_s": self.skew_beyond_ideal_s, "compute_drift": self.compute_drift}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageBreakdown:
-        return cls(**{k: v for k, v in data.items() if k not in ("wait_beyond_ideal_s", "compute_drift")})
+        return cls(**{k: v for k, v in data.items()
+                      if k not in ("wait_beyond_ideal_s", "skew_beyond_ideal_s", "compute_drift")})
 
 
 @dataclass(kw_only=True, slots=True)
