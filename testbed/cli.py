@@ -636,7 +636,7 @@ def args_experiment(p: argparse.ArgumentParser) -> None:
 
 
 def args_remote(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=list(REMOTE_ACTIONS), help="; ".join(f"{k}: {v}" for k, v in REMOTE_ACTIONS.items()))
+    p.add_argument("action", choices=list(REMOTE_ACTIONS), help="what to do on the machines (each listed above)")
     p.add_argument("inventory", help="inventory YAML (see playbooks/README.md)")
     p.add_argument("--name", help="testbed name on the machines (default: the inventory file's stem)")
     p.add_argument("--results", default="results", help="folder of the run's results/<run-id>/")
@@ -681,6 +681,8 @@ class Command:
     needs_root: bool = False
     check: Callable[[argparse.Namespace], None] | None = None
     """The arguments' own checks (units, names, values), before the root check and before anything is touched."""
+    details: str = ""
+    """More of `--help`'s description, below the summary."""
 
     @property
     def help(self) -> str:
@@ -709,7 +711,8 @@ COMMANDS: tuple[Command, ...] = (
             cmd_experiment, "sudo testbed experiment 2dc-1000km --distances 0,1000 --repetitions 1", needs_root=True,
             check=check_experiment),
     Command("remote", "the same experiment on real machines over SSH (an inventory file)", args_remote, cmd_remote,
-            "testbed remote cycle lab.yaml --schedule 1f1b,geopipe", check=check_training),
+            "testbed remote cycle lab.yaml --schedule 1f1b,geopipe", check=check_training,
+            details="\n".join(f"  {k:<10} {v}" for k, v in REMOTE_ACTIONS.items())),
     Command("report", "re-render an experiment's plots and report from its summary.json", args_report, cmd_report,
             "testbed report results/20260101-120000-geopipe"),
     Command("cli", "Mininet's CLI on a running testbed (either backend)", args_cli, cmd_cli,
@@ -726,7 +729,7 @@ def usage() -> str:
     return "\n".join(f"  {c.name:<11} {c.help}" for c in COMMANDS)
 
 
-__doc__ = f"{__doc__}\n{usage()}\n"
+__doc__ = f"{__doc__ or ''}\n{usage()}\n"
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
@@ -745,8 +748,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="example: sudo testbed up 2dc-1000km && sudo testbed run 2dc-1000km")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for command in COMMANDS:
-        p = sub.add_parser(command.name, help=command.help, description=command.help, formatter_class=_Help,
-                           epilog=f"example:\n  {command.example}")
+        p = sub.add_parser(command.name, help=command.help, description=f"{command.help}\n{command.details}".strip(),
+                           formatter_class=_Help, epilog=f"example:\n  {command.example}")
         command.arguments(p)
         p.set_defaults(entry=command)
     return parser
