@@ -52,6 +52,8 @@ def bubble_vs_distance(record: ExperimentRecord, path: Path) -> Path:
             if m.schedule == schedule:
                 model[m.distance_km] = m.bubble
         kms = sorted(by_km)
+        if not kms:
+            continue
         means = [statistics.median(by_km[k]) for k in kms]            # medians, as the tables
         lo = [means[i] - min(by_km[k]) for i, k in enumerate(kms)]
         hi = [max(by_km[k]) - means[i] for i, k in enumerate(kms)]
@@ -63,7 +65,9 @@ def bubble_vs_distance(record: ExperimentRecord, path: Path) -> Path:
     ax.set_xlabel("cross-DC distance (km of fibre; one-way delay = 5 us/km)")
     ax.set_ylabel("bubble ratio: 1 - uncontended compute / step time")
     ax.set_ylim(bottom=0)
-    ax.set_title("Bubble ratio vs distance, 2 pipeline stages in 2 DCs")
+    stages = next((len(p.measured.bubble_ratio_per_stage or []) for p in record.points), 0) or "?"
+    world = "real compute" if record.spec.compute == "real" else f"compute as time: {record.spec.compute}"
+    ax.set_title(f"Bubble ratio vs distance, {stages} pipeline stages ({world})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
@@ -91,9 +95,8 @@ def cut_vs_distance(record: ExperimentRecord, path: Path) -> Path | None:
             ax.plot([k for k, _ in values], [100 * c for _, c in values], "o-", color=COLORS[base],
                     label=f"geopipe vs {base}")
     ax.axhline(78.91, color="black", linestyle=":", label="GeoPipe paper: up to 78.91 % vs 1F1B")
-    ax.set_ylabel("bubble cut (%)")
     ax.set_title(f"GeoPipe's bubble cut ({record.spec.compute} compute)")
-    return _finish(fig, ax, "cross-DC distance (km)", path)
+    return _finish(fig, ax, "cross-DC distance (km)", path, "bubble cut: 1 - geopipe's bubble / the baseline's (%)")
 
 
 def _focus_run(record: ExperimentRecord, schedule: str) -> Path | None:
@@ -168,10 +171,11 @@ def sweep_plot(record: ExperimentRecord, sweep: str, x_of: Callable[[Point], flo
     return _finish(fig, ax, xlabel, path)
 
 
-def _finish(fig: Any, ax: Any, xlabel: str, path: Path) -> Path:
+def _finish(fig: Any, ax: Any, xlabel: str, path: Path,
+            ylabel: str = "bubble ratio: 1 - uncontended compute / step time") -> Path:
     """Axes, grid and legend of a bubble-ratio plot; write the PNG and free the figure."""
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("bubble ratio: 1 - uncontended compute / step time")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
