@@ -132,6 +132,9 @@ class CostTable:
             return cls.from_json(json.loads(path.read_text()))
         except FileNotFoundError:
             raise ComputeError(f"{path}: no such cost table; give results/<run-id>/compute.json of a replayed run") from None
+        except OSError as exc:
+            raise ComputeError(f"{path}: cannot read it as a cost table ({exc.strerror}); give the compute.json file "
+                               "of a replayed run, e.g. results/<run-id>/compute.json") from None
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ComputeError(f"{path}: not a cost table ({type(exc).__name__}: {exc}); "
                                "give the compute.json a replayed run wrote") from None

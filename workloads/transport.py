@@ -113,15 +113,24 @@ class _Holding:
     def wait(self) -> None:
         self.work.wait()
 
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
 
 class _Done:
     def wait(self) -> None:
         return None
 
+    def is_completed(self) -> bool:
+        return True
+
 
 class _Pending:
     def __init__(self, box: queue.Queue[torch.Tensor], into: torch.Tensor) -> None:
         self.box, self.into = box, into
+
+    def is_completed(self) -> bool:
+        return not self.box.empty()
 
     def wait(self) -> None:
         self.into.copy_(self.box.get(timeout=60))

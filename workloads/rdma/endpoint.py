@@ -86,6 +86,10 @@ class Completion:
     error: str = ""
     finished_at: float = 0.0
 
+    def is_completed(self) -> bool:
+        """The operation has completed (as far as the completion queue has been polled)."""
+        return self.done.is_set()
+
     def wait(self, timeout: float | None = None) -> None:
         """Polls the completion queue itself while it waits (the waiting thread has nothing else to do; a
         hand-off to the progress thread costs a wake-up, milliseconds under QEMU TCG)."""
