@@ -66,7 +66,7 @@ def attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[
         calls["measure"].append((schedule, ranks, tokens, links, receiver_driven))
         return _measured(schedule)
 
-    def best_attempt(attempt_once, _log):
+    def best_attempt(attempt_once, _log, cpu_matters=True):
         calls["best"].append(attempt_once)
         raise _Stop
 
