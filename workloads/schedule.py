@@ -13,6 +13,7 @@ Text form: `RF3 F3 SF3 ...`, one line per rank (golden files in tests/golden/).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -206,7 +207,99 @@ def build(name: str, stages: int, microbatches: int, geo: GeoPipeSizing | None =
         if geo is None:
             raise ValueError("geopipe needs a GeoPipeSizing (see workloads.sizing.size_geopipe)")
         schedule = geopipe(stages, microbatches, geo)
+    elif name in _USER or name in _shipped():
+        schedule = user_schedule(name, stages, microbatches)
     else:
-        raise ValueError(f"unknown schedule {name!r}; choose one of: {', '.join(SCHEDULES)}")
+        raise ValueError(f"unknown schedule {name!r}; choose one of: {', '.join((*SCHEDULES, *_USER))}")
     validate(schedule, microbatches)
     return schedule
+
+
+# A user's own schedules (testbed.api.register_schedule): a function (stages, micro-batches) -> one action list
+# per rank, run with the same executor, budget, metrics, trace and checks as the built-in ones. The function
+# lives in the user's process only: the runner computes its action lists there, checks them (testbed/run/
+# userschedules.py) and hands the workers their text (`RF3 F3 SF3 ...`, one line per rank) in a JSON file named
+# by USER_SCHEDULES_ENV; `build` in a worker reads them from it, so no user code is imported by the workers.
+
+UserScheduleFn = Callable[[int, int], Any]
+"""(stages, micro-batches) -> per-rank actions: a list (one per rank) of lists of `Action` or of text (`F3`), or
+of one string per rank (`RF0 F0 SF0 ...`), or the whole text (one line per rank)."""
+
+USER_SCHEDULES_ENV = "TESTBED_USER_SCHEDULES"
+"""The file (JSON: name -> {stages, microbatches, text}) a worker reads its user schedules' action lists from."""
+
+_USER: dict[str, UserScheduleFn] = {}
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.+-]{0,39}")
+
+
+def register(name: str, fn: UserScheduleFn) -> None:
+    """Make `fn` a schedule named `name` in this process (replacing one of the same name)."""
+    from workloads.layouts import TORCH_SCHEDULES
+
+    if not _NAME.fullmatch(name):
+        raise ScheduleError(f"schedule name {name!r}: use lowercase letters, digits and . _ + - (at most 40)")
+    if name in SCHEDULES or name in TORCH_SCHEDULES or name.startswith("torch-"):
+        raise ScheduleError(f"schedule name {name!r} is a built-in schedule's; choose another")
+    if not callable(fn):
+        raise ScheduleError(f"schedule {name!r}: register a function (stages, microbatches) -> action lists")
+    _USER[name] = fn
+
+
+def unregister(name: str) -> None:
+    _USER.pop(name, None)
+
+
+def registered() -> list[str]:
+    """The user schedules registered in this process, in registration order."""
+    return list(_USER)
+
+
+def normalize(result: Any, stages: int) -> Schedule:
+    """A user function's result as a Schedule (see UserScheduleFn); a clear error for anything else."""
+    if isinstance(result, str):
+        result = result.strip().splitlines()
+    try:
+        ranks = list(result)
+    except TypeError:
+        raise ScheduleError(f"a schedule function must return one action list per rank, got {type(result).__name__}") from None
+    if len(ranks) != stages:
+        raise ScheduleError(f"a schedule for {stages} stages needs {stages} action lists (one per rank), got {len(ranks)}")
+    schedule: Schedule = []
+    for rank, acts in enumerate(ranks):
+        items = acts.split() if isinstance(acts, str) else list(acts)
+        out = []
+        for pos, a in enumerate(items):
+            if isinstance(a, Action):
+                out.append(a)
+                continue
+            try:
+                out.append(Action.parse(str(a)))
+            except ValueError as exc:
+                raise ScheduleError(f"rank {rank} action {pos}: {exc}") from None
+        schedule.append(out)
+    return schedule
+
+
+def user_schedule(name: str, stages: int, microbatches: int) -> Schedule:
+    """A user schedule's action lists, validated: from its function in this process, else (a worker) from the
+    text the runner handed over for exactly this shape."""
+    if name in _USER:
+        schedule = normalize(_USER[name](stages, microbatches), stages)
+    else:
+        entry = _shipped()[name]
+        if (entry["stages"], entry["microbatches"]) != (stages, microbatches):
+            raise ScheduleError(f"schedule {name!r} was handed over for {entry['stages']} stages and "
+                                f"{entry['microbatches']} micro-batches, not {stages} and {microbatches}")
+        schedule = from_text(entry["text"])
+    validate(schedule, microbatches)
+    return schedule
+
+
+def _shipped() -> dict[str, dict[str, Any]]:
+    """The user schedules the runner handed to this worker (USER_SCHEDULES_ENV); none outside a run."""
+    import json
+    import os
+    from pathlib import Path
+
+    path = os.environ.get(USER_SCHEDULES_ENV)
+    return json.loads(Path(path).read_text()) if path else {}

@@ -29,6 +29,7 @@ from testbed.deploy.linkset import set_link
 from testbed.errors import TestbedError
 from testbed.plan.builder import HOST_IFNAME, reshape
 from testbed.plan.model import LinkDirection, Node, Plan
+from testbed.run import events as run_events
 from testbed.run import metrics
 from testbed.run.attempts import Attempt, attempt_folder, best_attempt
 from testbed.run.breakdown import breakdown
@@ -47,6 +48,7 @@ from testbed.run.placement import place_stages
 from testbed.run.summary import LinkRecord, LinkTiming, RunSummary, ScheduleSummary, StageLink, StagePlacement
 from testbed.run.transport import TransportChoice
 from testbed.run.transport import choose as choose_transport
+from testbed.run.userschedules import UserScheduleError, measured_memory, prepare, user_names
 from testbed.shaping.base import Shaper
 from testbed.shaping.registry import shaper_for
 from testbed.state.records import ProcessRecord
@@ -62,7 +64,7 @@ from workloads.hostcpu import WatchGroup
 from workloads.layouts import TORCH_SCHEDULES, chunks_per_rank
 from workloads.memory import MemoryBudget
 from workloads.records import RDMA, TCP, GPTConfig, LinkSetting, RankTrace, WorkerConfig
-from workloads.schedule import SCHEDULES
+from workloads.schedule import SCHEDULES, USER_SCHEDULES_ENV, registered
 
 ALL_SCHEDULES = (*SCHEDULES, *TORCH_SCHEDULES)
 """Ours (schedules as data) and PyTorch's own, run on the same model and timed the same way."""
@@ -135,6 +137,8 @@ class RunOptions:
     compute: ComputeMode = field(default_factory=lambda: ComputeMode(REAL))
     """real (the model's arithmetic), replay (time from a table profiled here), replay:FILE or a deployment
     profile (workloads/compute.py); its text is taken too."""
+    events: list[Any] = field(default_factory=list)
+    """Link changes and outages at set points of the training (testbed/run/events.py: `At`); not with `sweep`."""
 
     def __post_init__(self) -> None:
         if isinstance(self.compute, str):
@@ -155,9 +159,10 @@ class RunOptions:
                 self.model = GPTConfig(**self.model)
             except ValueError as exc:
                 raise RunError(f"model: {exc} (--width, --heads, --layers, --seq-len)") from None
-        bad = [s for s in self.schedules if s not in ALL_SCHEDULES]
+        bad = [s for s in self.schedules if s not in ALL_SCHEDULES and s not in registered()]
         if bad or not self.schedules:
-            raise RunError(f"unknown schedule {bad[0] if bad else '(none)'!r}; choose from: {', '.join(ALL_SCHEDULES)}")
+            raise RunError(f"unknown schedule {bad[0] if bad else '(none)'!r}; choose from: "
+                           f"{', '.join((*ALL_SCHEDULES, *registered()))}")
         if isinstance(self.memory_budget, str | int):
             try:
                 self.memory_budget = MemoryBudget.parse(self.memory_budget, units.parse_size)
@@ -210,14 +215,15 @@ def stage_links(plan: Plan, hosts: list[Node]) -> list[StageLink]:
 def run_group(backend: Backend, schedules: list[str], options: RunOptions, hosts: list[Node], out_dir: Path,
               progress: Callable[[dict[str, Any]], None] | None = None,
               monitor: LoadMonitor | None = None, transport: TransportChoice | None = None,
-              dilation: Dilation = OFF, table: CostTable | None = None) -> dict[str, list[RankTrace]]:
+              dilation: Dilation = OFF, table: CostTable | None = None, *,
+              player: run_events.EventPlayer | None = None, shipped: Path | None = None) -> dict[str, list[RankTrace]]:
     """Run `schedules` (at every point of `options.sweep`) interleaved, iteration by iteration, in one launch
     of the workers on `hosts` (workloads/worker.py); per entry (`schedule`, or `label/schedule` in a sweep),
     its per-rank traces from out_dir/<entry>/ (in undilated time: a dilated run's raw traces stay beside them
     as rank-<r>.dilated.json)."""
     sweep = options.sweep
     with swept_link(backend, sweep), dilated_links(backend, dilation.factor), \
-            worker_caps(backend, dilation, len(hosts)) as caps:
+            worker_caps(backend, dilation, len(hosts)) as caps, run_events.playing(player):
         settings, switch = [], None
         if sweep is not None:
             undilated = backend.state.undilated or list(backend.state.plan.directions)
@@ -227,7 +233,7 @@ def run_group(backend: Backend, schedules: list[str], options: RunOptions, hosts
                 _apply_point(backend, sweep, sweep.points[index], dilation.factor)
             switch(0)
         _run_workers(backend, schedules, options, hosts, out_dir, progress, monitor, transport, caps, settings,
-                     switch, table)
+                     switch, table, player=player, shipped=shipped)
     traces = {}
     for entry in entries(schedules, sweep):
         folder = out_dir / entry
@@ -293,7 +299,8 @@ def point_links(backend: Backend, sweep: LinkSweep, point: SweepPoint, hosts: li
 def _run_workers(backend: Backend, schedules: list[str], options: RunOptions, hosts: list[Node], out_dir: Path,
                  progress: Callable[[dict[str, Any]], None] | None, monitor: LoadMonitor | None,
                  transport: TransportChoice | None, caps: list[WorkerCap], settings: list[LinkSetting] | None = None,
-                 switch: Callable[[int], None] | None = None, table: CostTable | None = None) -> None:
+                 switch: Callable[[int], None] | None = None, table: CostTable | None = None, *,
+                 player: run_events.EventPlayer | None = None, shipped: Path | None = None) -> None:
     links = stage_links(backend.state.plan, hosts)
     transport = transport or TransportChoice(TCP.key, "default")
     master = hosts[0].ip(HOST_IFNAME)
@@ -326,13 +333,16 @@ def _run_workers(backend: Backend, schedules: list[str], options: RunOptions, ho
                                      stdout=subprocess.PIPE, stderr=logf,
                                      stdin=subprocess.PIPE if asks else subprocess.DEVNULL,
                                      env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1",
-                                          "GLOO_SOCKET_IFNAME": HOST_IFNAME},
+                                          "GLOO_SOCKET_IFNAME": HOST_IFNAME,
+                                          **({USER_SCHEDULES_ENV: str(shipped)} if shipped else {})},
                                      start_new_session=True)
             backend.state.processes.append(ProcessRecord.of(proc.pid, "worker", host.name))
             running.append((rank, proc, log))
         backend.state.save()
 
         def answer(event: dict[str, Any]) -> None:
+            if player is not None:
+                player.observe(event)
             if event.get("event") == "link" and event.get("rank", 0) == 0 and switch is not None:
                 switch(int(event["setting"]))
                 stdin = running[0][1].stdin
@@ -341,7 +351,9 @@ def _run_workers(backend: Backend, schedules: list[str], options: RunOptions, ho
                 stdin.flush()
             elif progress:
                 progress(event)
-        _supervise(running, options.hang_timeout_s, answer, monitor.sample if monitor else None)
+        sample = monitor.sample if monitor else None
+        tick = sample if player is None else lambda: (player.tick(), sample and sample())
+        _supervise(running, options.hang_timeout_s, answer, tick, player.wait_s if player else None)
     finally:
         with cleanup():
             alive = [p.pid for _, p, _ in running if p.poll() is None]
@@ -377,7 +389,8 @@ def free_port(backend: Backend, node: str, address: str) -> int:
 
 
 def _supervise(running: list[tuple[int, subprocess.Popen[bytes], Path]], hang_timeout_s: float,
-               progress: Callable[[dict[str, Any]], None] | None, tick: Callable[[], None] | None = None) -> None:
+               progress: Callable[[dict[str, Any]], None] | None, tick: Callable[[], None] | None = None,
+               wait: Callable[[], float] | None = None) -> None:
     sel = selectors.DefaultSelector()
     for rank, proc, _ in running:
         assert proc.stdout is not None
@@ -390,7 +403,7 @@ def _supervise(running: list[tuple[int, subprocess.Popen[bytes], Path]], hang_ti
             raise_if_pending()
             if tick:
                 tick()
-            for key, _ in sel.select(timeout=0.2):
+            for key, _ in sel.select(timeout=0.2 if wait is None else min(0.2, wait())):
                 chunk = key.fileobj.read()  # type: ignore[union-attr]
                 if chunk:
                     buffers[key.data] += chunk
@@ -444,9 +457,25 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         table = run_table(options.compute, stage_links(plan, hosts), plan.topology)
     except (ComputeError, TopologyError) as exc:
         raise RunError(f"--compute {options.compute.text}: {exc}") from None
+    shipped = _user_schedules(options, hosts, plan, table)
+    if options.events:
+        if options.sweep is not None:
+            raise RunError("events and a link sweep cannot share a run (the sweep sets the link between iterations)")
+        try:
+            run_events.validate(options.events, backend, options.schedules, options.iterations, options.hang_timeout_s)
+        except run_events.EventError as exc:
+            raise RunError(str(exc)) from None
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{'-'.join(options.schedules)}"
     run_dir = results_root / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
+    shipped_path = None
+    if shipped:
+        shipped_path = (run_dir / "user-schedules.json").resolve()
+        shipped_path.write_text(json.dumps(shipped, indent=1))
+        log(f"user schedules {', '.join(shipped)}: checked (no deadlock in the dry run"
+            + (", within the memory budget" if options.memory_budget else "") + "); their action lists are in "
+            + str(shipped_path))
+    players: dict[Path, run_events.EventPlayer] = {}
     if table is not None:
         table.save(run_dir / "compute.json")
     log(describe_compute(options.compute, table))
@@ -481,8 +510,12 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         monitor = LoadMonitor(daemons_cpu(shaper, tuple(sorted({d.dst_node for d in plan.directions}))))
         where = attempt_folder(run_dir, attempt)
         holds_before = _hold_counters(shaper)
+        extra: dict[str, Any] = {"shipped": shipped_path} if shipped_path else {}
+        if options.events:
+            players[where] = extra["player"] = run_events.EventPlayer(
+                backend, list(options.events), options.schedules, options.iterations, dilation.factor, log)
         ranks_by = run_group(backend, options.schedules, options, hosts, where, progress, monitor, transport, dilation,
-                             table)
+                             table, **extra)
         load = monitor.finish()
         timing = link_timing(plan, holds_before, _hold_counters(shaper),
                              backend.state.shaper.release_error_s if backend.state.shaper else {}, dilation.factor)
@@ -529,7 +562,32 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         workers=len(hosts), delay_daemons=daemons, options=options.to_json(), schedules=summaries,
         daemon_restarts=_restarts(shaper) - restarts_before, **compute_fields(options, traces))
     write_run(run_dir, summary, traces, plan, log)
+    if best.where in players:
+        origin = min(it.start for ranks in traces.values() for r in ranks for it in r.iterations)
+        run_events.write_records(run_dir, players[best.where].records, origin, dilation.factor)
     return run_dir, summary
+
+
+def _user_schedules(options: RunOptions, hosts: list[Node], plan: Plan,
+                    table: CostTable | None) -> dict[str, dict[str, Any]]:
+    """The run's user schedules (workloads.schedule.register) computed for its stages and checked before anything
+    runs (testbed/run/userschedules.py): refused with the reason when one deadlocks or breaks the budget."""
+    names = user_names(options.schedules)
+    if not names:
+        return {}
+    links = stage_links(plan, hosts)
+
+    def memory() -> tuple[list[int], int]:
+        if table is not None:
+            return [st.stash_bytes for st in table.stages], table.activation_bytes
+        return measured_memory(options.model, len(hosts), options.split, options.microbatch_size,
+                               options.microbatches, options.seed)
+    try:
+        return prepare(names, len(hosts), options.microbatches, link_delay_s=[lk.delay_s for lk in links],
+                       link_rate_bps=[lk.rate_bps for lk in links], budget=options.memory_budget,
+                       unbudgeted=options.unbudgeted, memory=memory)
+    except UserScheduleError as exc:
+        raise RunError(str(exc)) from None
 
 
 def describe_compute(mode: ComputeMode, table: CostTable | None) -> str:
