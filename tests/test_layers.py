@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 LAYERS = ["errors", "util", "topology", "plan", "state", "backends", "probe", "shaping", "rdma", "deploy", "check", "run",
-          "remote", "experiment", "cli", "__main__"]
+          "remote", "experiment", "api", "cli", "__main__"]
 """testbed's subpackages (and top-level modules) lowest first: each may import only from those before it."""
 
 
