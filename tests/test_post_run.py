@@ -59,7 +59,7 @@ def _remote_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attempts: list[
     logged: list[str] = []
     made: list[Path] = []
 
-    def measure(self, schedule, options, chosen, links, plan, where, run_id, baseline):
+    def measure(self, schedule, options, chosen, links, plan, where, run_id, baseline, table=None):
         budget_ok, error_s = attempts[len(made)]
         made.append(where)
         (where / schedule).mkdir(parents=True)
