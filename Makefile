@@ -105,9 +105,10 @@ demo: install
 # (profiles/gpt-7b-h100.yaml), 8 stages over two DCs, 0-3000 km, the headline budget and a budget sweep at 3000 km; the
 # network, schedules and memory budget are real, the compute is the profile's. About 6 minutes on 2 cores.
 demo-profile: install
-	$(TESTBED) experiment --topology 2dc-8stages --stages 8 --compute $(or $(PROFILE),gpt-7b-h100) \
+	$(TESTBED) experiment 2dc-8stages --stages 8 --compute $(or $(PROFILE),gpt-7b-h100) \
 		--distances 0,500,1000,2000,3000 --focus 3000 --repetitions 2 --microbatches 32 \
-		--schedules 1f1b,1f1b-prefetch,geopipe --budgets 1f1b+0,1f1b+2,1f1b+4 --rates "" --memory-budget 1f1b+1 $(DEMO_ARGS)
+		--schedule 1f1b,1f1b-prefetch,geopipe --memory-budgets 1f1b+0,1f1b+2,1f1b+4 --rates "" --memory-budget 1f1b+1 \
+		$(DEMO_ARGS)
 
 plan: install
 	$(TESTBED) plan $(TOPO)
