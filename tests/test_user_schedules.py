@@ -139,7 +139,7 @@ def test_a_run_with_a_deadlocking_schedule_is_refused_before_anything_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = _scripted_backend(monkeypatch)
     S.register("late", lambda p, m: SEND_LATE)
-    with pytest.raises(RunError, match="'late' refused before it ran: .*deadlock"):
+    with pytest.raises(UserScheduleError, match="'late' refused before it ran: .*deadlock"):
         runner.run_schedules(backend, RunOptions(schedules=["1f1b", "late"], microbatches=1), tmp_path, run_id="r",
                              log=lambda _m: None)
     assert not (tmp_path / "r").exists()
@@ -151,7 +151,7 @@ def test_a_run_over_budget_is_refused_with_the_profiles_memory(tmp_path: Path, m
     backend = _scripted_backend(monkeypatch)
     S.register("gp", lambda p, m: S.gpipe(p, m))
     options = RunOptions(schedules=["gp"], microbatches=4, memory_budget="1f1b+0", compute="gpt-7b-h100")
-    with pytest.raises(RunError, match=r"'gp' refused before it ran: stage 0 would hold 25.\d GiB in flight after "
+    with pytest.raises(UserScheduleError, match=r"'gp' refused before it ran: stage 0 would hold 25.\d GiB in flight after "
                                        r"action 4 \(F2\), over its memory budget of 17.\d GiB .*stash of 8.\d+ GiB "
                                        r"and activations of 32 MiB"):
         runner.run_schedules(backend, options, tmp_path, run_id="r", log=lambda _m: None)

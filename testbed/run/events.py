@@ -32,6 +32,7 @@ from typing import Any
 
 from testbed.backends.base import Backend
 from testbed.deploy.linkset import set_link
+from testbed.errors import TestbedError
 from testbed.plan.model import LinkDirection
 from testbed.shaping import htb
 from testbed.util.interrupts import cleanup
@@ -41,7 +42,7 @@ PAUSE_RATE_BPS = 1000.0
 HTB's buffer (burst over rate) stays within its 32-bit tick counts."""
 
 
-class EventError(ValueError):
+class EventError(TestbedError, ValueError):
     """An event that cannot be applied to this run; the message says why and what would work."""
 
 

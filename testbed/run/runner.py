@@ -48,7 +48,7 @@ from testbed.run.placement import place_stages
 from testbed.run.summary import LinkRecord, LinkTiming, RunSummary, ScheduleSummary, StageLink, StagePlacement
 from testbed.run.transport import TransportChoice
 from testbed.run.transport import choose as choose_transport
-from testbed.run.userschedules import UserScheduleError, measured_memory, prepare, user_names
+from testbed.run.userschedules import measured_memory, prepare, user_names
 from testbed.shaping.base import Shaper
 from testbed.shaping.registry import shaper_for
 from testbed.state.records import ProcessRecord
@@ -461,10 +461,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     if options.events:
         if options.sweep is not None:
             raise RunError("events and a link sweep cannot share a run (the sweep sets the link between iterations)")
-        try:
-            run_events.validate(options.events, backend, options.schedules, options.iterations, options.hang_timeout_s)
-        except run_events.EventError as exc:
-            raise RunError(str(exc)) from None
+        run_events.validate(options.events, backend, options.schedules, options.iterations, options.hang_timeout_s)
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S") + f"-{'-'.join(options.schedules)}"
     run_dir = results_root / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -585,12 +582,9 @@ def _user_schedules(options: RunOptions, hosts: list[Node], plan: Plan,
             return [st.stash_bytes for st in table.stages], table.activation_bytes
         return measured_memory(options.model, len(hosts), options.split, options.microbatch_size,
                                options.microbatches, options.seed)
-    try:
-        return prepare(names, len(hosts), options.microbatches, link_delay_s=[lk.delay_s for lk in links],
-                       link_rate_bps=[lk.rate_bps for lk in links], budget=options.memory_budget,
-                       unbudgeted=options.unbudgeted, memory=memory)
-    except UserScheduleError as exc:
-        raise RunError(str(exc)) from None
+    return prepare(names, len(hosts), options.microbatches, link_delay_s=[lk.delay_s for lk in links],
+                   link_rate_bps=[lk.rate_bps for lk in links], budget=options.memory_budget,
+                   unbudgeted=options.unbudgeted, memory=memory)
 
 
 def describe_compute(mode: ComputeMode, table: CostTable | None) -> str:

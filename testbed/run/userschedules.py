@@ -15,13 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.errors import TestbedError
 from testbed.util.units import format_size
 from workloads import schedule as S
 from workloads.memory import MemoryBudget
 from workloads.simulate import Costs, Deadlock, simulate
 
 
-class UserScheduleError(ValueError):
+class UserScheduleError(TestbedError, ValueError):
     """A user schedule was refused before it ran; the message says which check and where."""
 
 
