@@ -99,7 +99,7 @@ lint: install
 # The main job: the GeoPipe experiment on the default topology (about 8 minutes on 2 cores). QUICK=1: the first look
 # in about 15 s (ExperimentSpec.quick: 1000 km against 0 km, 1f1b and geopipe, 8 micro-batches; the same report).
 demo: install
-	$(if $(QUICK),$(PY) -m testbed.api quick,$(TESTBED) experiment) $(DEMO_ARGS)
+	$(TESTBED) experiment $(if $(QUICK),--quick) $(DEMO_ARGS)
 
 # The paper's regime with compute as time (docs/compute.md): a 7B-class GPT on one H100 per stage
 # (profiles/gpt-7b-h100.yaml), 8 stages over two DCs, 0-3000 km, the headline budget and a budget sweep at 3000 km; the

@@ -455,6 +455,11 @@ def check_experiment(args: argparse.Namespace) -> None:
                                                                                     "--memory-budget"),
         results=args.results, backend=args.backend, switch=args.switch, transports=_transports(args.transport),
         dilation=_dilation(args.dilation), compute=_compute(args.compute), stages=args.stages)
+    if args.quick:
+        from testbed.api import ExperimentSpec as Quick
+
+        args.spec = Quick.quick(topology=args.topology, results=args.results, backend=args.backend, switch=args.switch,
+                                compute=args.spec.compute, dilation=args.spec.dilation, stages=args.stages)
 
 
 # ---- Each command's arguments. ------------------------------------------------------------------------------------
@@ -625,6 +630,9 @@ def args_experiment(p: argparse.ArgumentParser) -> None:
                    help="comma-separated tcp,rdma: with rdma, a transport sweep at the focus (our schedules over each; "
                         "needs rxe in namespaces, Linux >= 7.1: run it under 'testbed vm')")
     _apparatus_args(p)
+    p.add_argument("--quick", action="store_true",
+                   help="the first look in under a minute: 1000 km against 0 km, 1f1b and geopipe, 8 micro-batches, one "
+                        "repetition, the same report (make demo QUICK=1)")
     p.add_argument("--resume", metavar="RESULTS_DIR",
                    help="complete a stopped experiment: run only its missing points, with its recorded options "
                         "(the options above are then ignored); refused if the topology, code or machine changed")

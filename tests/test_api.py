@@ -322,8 +322,8 @@ def test_the_quick_demo_is_the_same_report_in_under_90_s(tmp_path: Path) -> None
 
     before = set(netns_with_prefix("tb-exp"))
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "testbed.api", "quick", "--results", str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "testbed", "experiment", "--quick", "--results", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - started
     print(f"\n$ make demo QUICK=1  ({seconds:.0f} s)\n{done.stdout}{done.stderr}")
     assert done.returncode == 0, done.stdout + done.stderr
