@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -105,7 +106,8 @@ def main() -> int:
     try:
         backend = lifecycle.open_backend(name)
         shaper = shaper_for(backend)
-        assert isinstance(shaper, DelaylineShaper)
+        assert shaper is not None and shaper.daemon_role is not None, "the soak measures a delay line's daemons"
+        shaper = cast(DelaylineShaper, shaper)
         stages = len(backend.state.plan.hosts)
         options = RunOptions(schedules=args.schedules.split(","), microbatches=16, iterations=8, hang_timeout_s=120,
                              stages=stages, placement="fill",

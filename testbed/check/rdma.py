@@ -24,6 +24,7 @@ from testbed.check.checks import Check
 from testbed.plan.model import LinkDirection, Node
 from testbed.rdma.probe import ProbeResult
 from testbed.rdma.softroce import ROCE_OVERHEAD, rdma_mtu_for
+from testbed.rdma.support import RdmaUnavailable
 from testbed.util import units
 from testbed.util.paths import REPO_ROOT
 
@@ -106,7 +107,8 @@ def probe(backend: Backend, src: Node, dst: Node, rtt_s: float, d: LinkDirection
     assert record is not None
     server_dev, client_dev = record.device_of(dst.name), record.device_of(src.name)
     if server_dev is None or client_dev is None:
-        raise RuntimeError(f"no rxe device on {dst.name if server_dev is None else src.name}")
+        raise RdmaUnavailable(f"no rxe device on {dst.name if server_dev is None else src.name}",
+                              hint="bring the testbed up with --rdma softroce on a kernel with rdma_rxe (testbed doctor)")
     mtu = rdma_mtu_for(min(d.mtu, src.interfaces[0].mtu, dst.interfaces[0].mtu) if src != dst
                        else src.interfaces[0].mtu)
     common = ["--rtt", repr(rtt_s), "--rate", repr(d.rate_bps), "--mtu", str(mtu), "--size", str(size),
@@ -123,7 +125,8 @@ def probe(backend: Backend, src: Node, dst: Node, rtt_s: float, d: LinkDirection
                                          str(client_dev.gid_index), "--server", f"{dst.ip()}:{PROBE_PORT}", *common],
                               capture_output=True, text=True, timeout=timeout_s, env=env)
         if client.returncode != 0:
-            raise RuntimeError(f"RDMA probe {src.name} -> {dst.name} failed: {(client.stderr or '').strip()[-800:]}")
+            raise RdmaUnavailable(f"RDMA probe {src.name} -> {dst.name} failed: {(client.stderr or '').strip()[-800:]}",
+                                  hint="testbed doctor says what this kernel's RDMA offers")
         result = json.loads(client.stdout.strip().splitlines()[-1])
         server.wait(timeout=30)
     finally:

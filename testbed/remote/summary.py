@@ -14,6 +14,7 @@ from testbed.remote.verify import dc_pair
 from testbed.run.runner import RunOptions, compute_fields, describe_transport
 from testbed.run.summary import LinkRecord, RunSummary, ScheduleSummary, StageLink, StagePlacement
 from testbed.run.transport import TransportChoice
+from testbed.shaping.registry import runs_daemons
 from workloads.records import RankTrace
 
 Pair = tuple[str, str]
@@ -38,7 +39,7 @@ def remote_summary(fleet: Fleet, run_id: str, plan: Any, chosen: list[Machine], 
     boots: dict[str, list[str]] = {}
     for m in chosen:
         boots.setdefault(facts[m.name].env.boot_id or m.name, []).append(m.name)
-    daemons = sum(1 for m in chosen if facts[m.name].shaper == "delayline")
+    daemons = sum(1 for m in chosen if runs_daemons(facts[m.name].shaper))
     cpus = min(facts[m.name].env.cpus or 1 for m in chosen)
     busiest = max(len(names) for names in boots.values())
     oversubscribed = busiest + (daemons if busiest > 1 else min(1, daemons)) > cpus

@@ -50,7 +50,7 @@ from testbed.run.transport import TransportChoice
 from testbed.run.transport import choose as choose_transport
 from testbed.run.userschedules import measured_memory, prepare, user_names
 from testbed.shaping.base import Shaper
-from testbed.shaping.registry import shaper_for
+from testbed.shaping.registry import daemon_roles, shaper_for
 from testbed.state.records import ProcessRecord
 from testbed.topology import TopologyError
 from testbed.topology.profile import parse_compute
@@ -376,7 +376,7 @@ def watch_groups(backend: Backend) -> list[WatchGroup]:
             WatchGroup("runner", [os.getpid()], children=False)]
 
 
-ROLE_GROUPS = {"delayline": "delay daemons"}
+ROLE_GROUPS = {role: "delay daemons" for role in daemon_roles()}
 """How a recorded process role is named in the CPU ledger."""
 
 
@@ -480,7 +480,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     drops_before = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
     restarts_before = _restarts(shaper)
     delay_checks = check_delays(backend, probes=10)
-    daemons = sum(1 for p in backend.state.processes if p.role == "delayline")
+    daemons = sum(1 for p in backend.state.processes if p.role in daemon_roles())
     oversubscribed = len(hosts) + daemons > cpus and not options.compute.timed   # timed spans do not stretch
     if dilation.on:
         log(f"time dilation k = {dilation.factor:.3f} ({dilation.reason}); times below are undilated")

@@ -66,6 +66,9 @@ class Shaper(ABC):
 
     name: str = ""
     delays_ingress: ClassVar[bool] = False
+    daemon_role: ClassVar[str | None] = None
+    """The role its daemons are recorded under in a testbed's state (their CPU is the run's ledger's); None:
+    it runs none."""
     """It holds arriving packets in a delay line on the receiver (on a remote machine too: the agent installs one
     there); otherwise the sender's egress leaf (`egress_leaf`) carries the delay."""
 

@@ -66,6 +66,7 @@ def queue_config(direction: LinkDirection, subtract: dict[str, float]) -> QueueC
 class DelaylineShaper(Shaper):
     name = "delayline"
     delays_ingress = True
+    daemon_role = ROLE
 
     # -- files of this testbed's daemons ---------------------------------------------------------
     def _files(self, node: str) -> DaemonFiles:

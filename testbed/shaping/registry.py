@@ -49,6 +49,17 @@ def machine_shaper(choice: str) -> type[Shaper]:
     raise ShaperError(f"unknown shaper {choice!r}; choose auto or one of: {', '.join(SHAPERS)}")
 
 
+def daemon_roles() -> set[str]:
+    """The roles under which the shapers record their daemons (testbed state's processes)."""
+    return {cls.daemon_role for cls in SHAPERS.values() if cls.daemon_role}
+
+
+def runs_daemons(name: str | None) -> bool:
+    """Whether the shaper of this name runs daemons of its own (a remote machine's, as its facts name it)."""
+    cls = SHAPERS.get(name or "")
+    return cls is not None and cls.daemon_role is not None
+
+
 def shaper_for(backend: Backend, name: str | None = None) -> Shaper | None:
     """The shaper a testbed uses (from its state unless named); None for `none`."""
     name = name or backend.state.shaper_name
