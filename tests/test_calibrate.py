@@ -27,9 +27,11 @@ def scripted(monkeypatch: pytest.MonkeyPatch, readings: list[float]) -> list[flo
     return holds
 
 
-def test_agreeing_reading_keeps_the_first(monkeypatch, direction) -> None:
+def test_agreeing_reading_keeps_the_later(monkeypatch, direction) -> None:
+    """One rule for every calibration (calibrate.agreed): of two readings that agree, the later, taken at the
+    hold that will be kept."""
     holds = scripted(monkeypatch, [0.45e-3])
-    assert calibrate.confirmed_excess(None, direction, 0.40e-3, 100e-6) == 0.40e-3
+    assert calibrate.confirmed_excess(None, direction, 0.40e-3, 100e-6) == 0.45e-3
     assert holds == [pytest.approx(direction.delay_s - 0.40e-3)]
 
 

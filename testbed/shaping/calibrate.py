@@ -7,7 +7,7 @@ zero). The report names the figure subtracted.
 
 One rule for two readings of one excess (`agreed`): within AGREE_S of each other the later stands, further
 apart a third reading decides; `correction` says whether a residual is worth a new hold. The netem shaper's
-`confirmed_excess` keeps the first of two that agree.
+`confirmed_excess` follows the same rule.
 """
 
 from __future__ import annotations
@@ -51,13 +51,11 @@ def excess_one_way(backend: Backend, direction: LinkDirection, installed_hold_s:
 def confirmed_excess(backend: Backend, direction: LinkDirection, first_s: float, agree_s: float) -> float:
     """The excess measured once more at the hold that will be kept (the asked delay less `first_s`), so that
     one calibration taken while the host stalled (it reads high in every probe, and the link would deliver
-    short by as much for as long as it is up) cannot stand alone. Two readings that agree within `agree_s`
-    stand (the first is kept); otherwise `outvoted` decides."""
+    short by as much for as long as it is up) cannot stand alone: `agreed`, the rule every calibration follows
+    (the later of two readings that agree within `agree_s`, else the median of three)."""
     hold = max(0.0, direction.delay_s - first_s)
     second = excess_one_way(backend, direction, hold)
-    if abs(second - first_s) <= agree_s:
-        return first_s
-    return outvoted(first_s, second, lambda: excess_one_way(backend, direction, hold))
+    return agreed(first_s, second, lambda: excess_one_way(backend, direction, hold), agree_s)
 
 
 def outvoted(first_s: float, second_s: float, third: Callable[[], float]) -> float:
