@@ -347,7 +347,8 @@ def _build_links(raw: Any, dcs: list[Datacenter], link_default: dict[str, Any],
                 check.add(_join(path, end), f"unknown datacenter {value!r}", hint)
             else:
                 ends.append(value)
-        if len(ends) != 2:
+        if len(ends) != 2:      # its other keys are still checked, so every problem of the file is said at once
+            _build_link(i, str(spec.get("a", "?")), str(spec.get("b", "?")), spec, path, link_default, {}, check)
             continue
         a, b = ends
         if a == b:
