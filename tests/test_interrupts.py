@@ -82,7 +82,7 @@ def test_experiment_stopped_keeps_its_points_and_resumes_to_the_full_table(
         unique_name: str, tmp_path: Path, terminal: Callable[[list[str]], Terminal]) -> None:
     results = tmp_path / "results"
     argv = [sys.executable, "-m", "testbed", "experiment", "--distances", "0,100", "--focus", "100", "--repetitions",
-            "2", "--focus-schedules", "", "--budgets", "", "--rates", "", "--microbatches", "4", "--iterations", "2",
+            "2", "--focus-schedule", "", "--memory-budgets", "", "--rates", "", "--microbatches", "4", "--iterations", "2",
             "--results", str(results)]
     term = terminal(argv)        # one launch: 2 distances x 1f1b, 1f1b-prefetch, geopipe; then a repetition at 100 km
     _wait_for(lambda: term.output().count("bubble ") >= 6, "the distance sweep's points", term, timeout_s=300)
@@ -117,7 +117,7 @@ def test_experiment_stopped_by_ctrl_c_or_a_closed_terminal_keeps_its_points(
         stop: str, tmp_path: Path, terminal: Callable[[list[str]], Terminal]) -> None:
     results = tmp_path / "results"
     term = terminal([sys.executable, "-m", "testbed", "experiment", "--distances", "0,100", "--focus", "100",
-                     "--repetitions", "2", "--focus-schedules", "", "--budgets", "", "--rates", "", "--microbatches", "4",
+                     "--repetitions", "2", "--focus-schedule", "", "--memory-budgets", "", "--rates", "", "--microbatches", "4",
                      "--iterations", "2", "--results", str(results)])
     _wait_for(lambda: "bubble " in term.output(), "a measured point", term, timeout_s=300)
     send, code = STOPS[stop]

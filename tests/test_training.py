@@ -292,8 +292,8 @@ def test_killed_worker_fails_the_run_fast_and_cleanly(unique_name: str, tmp_path
 @pytest.mark.root
 @pytest.mark.slow
 def test_small_experiment_end_to_end(tmp_path: Path) -> None:
-    out = run_cli("experiment", "--distances", "0,500", "--focus", "500", "--repetitions", "2", "--budgets",
-                  "1f1b+2", "--focus-schedules", "torch-1f1b", "--rates", "", "--microbatches", "8",
+    out = run_cli("experiment", "--distances", "0,500", "--focus", "500", "--repetitions", "2", "--memory-budgets",
+                  "1f1b+2", "--focus-schedule", "torch-1f1b", "--rates", "", "--microbatches", "8",
                   "--iterations", "2", "--results", str(tmp_path), timeout=900)
     exp = next(tmp_path.glob("*-experiment"))
     doc = json.loads((exp / "summary.json").read_text())
