@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from testbed import Action, Op, RunError, Testbed, register_schedule
+from testbed import Action, Op, Testbed, UserScheduleError, register_schedule
 
 results = sys.argv[1] if len(sys.argv) > 1 else "results/examples"
 
@@ -75,7 +75,7 @@ with Testbed.up("2dc-1000km", name="ex-schedule", log=None) as tb:
     for broken in ("send-late", "greedy-receives"):
         try:
             tb.run([broken], microbatches=8, memory_budget="1f1b+0", compute="gpt-7b-h100", results=results, log=None)
-        except RunError as exc:
+        except UserScheduleError as exc:             # refused before anything ran
             print(f"refused: {exc}\n")
     run = tb.run(["1f1b", "one-ahead"], microbatches=8, iterations=2, memory_budget="1f1b+0", compute="gpt-7b-h100",
                  results=results, log=None)

@@ -21,7 +21,8 @@ from typing import Any
 
 _API = ("Action", "At", "BackendError", "Direction", "EventRecord", "ExperimentResult", "ExperimentSpec", "Link",
         "LinkChange", "LinkControl", "LinkDown", "Node", "Op", "POINT_COLUMNS", "RunError", "RunResult", "RunSummary",
-        "Schedule", "ScheduleError", "ScheduleSummary", "SweepPoint", "Testbed", "VerifyResult", "km", "link_down",
+        "Schedule", "ScheduleError", "ScheduleSummary", "SweepPoint", "Testbed", "TestbedError", "UserScheduleError",
+        "VerifyResult", "km", "link_down",
         "link_set", "LinkSweep", "register_schedule", "registered_schedules", "run_experiment", "schedule",
         "unregister_schedule")
 __all__ = list(_API)

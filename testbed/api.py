@@ -37,10 +37,12 @@ from typing import Any
 from testbed.backends.base import Backend, BackendError
 from testbed.check.checks import Check, VerifyReport
 from testbed.deploy import lifecycle
+from testbed.errors import TestbedError
 from testbed.experiment import records as _records
 from testbed.run.events import At, EventRecord, LinkChange, LinkDown
 from testbed.run.runner import LinkSweep, RunError, RunOptions, SweepPoint
 from testbed.run.summary import RunSummary, ScheduleSummary
+from testbed.run.userschedules import UserScheduleError
 from testbed.state import store as statefile
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
 from testbed.util import units
@@ -51,7 +53,8 @@ from workloads.schedule import Action, Op, Schedule, ScheduleError
 __all__ = [
     "POINT_COLUMNS", "Action", "At", "BackendError", "Direction", "EventRecord", "ExperimentResult", "ExperimentSpec",
     "Link", "LinkChange", "LinkControl", "LinkDown", "LinkSweep", "Node", "Op", "RunError", "RunResult", "RunSummary", "Schedule",
-    "ScheduleError", "ScheduleSummary", "SweepPoint", "Testbed", "VerifyResult", "km", "link_down", "link_set",
+    "ScheduleError", "ScheduleSummary", "SweepPoint", "Testbed", "TestbedError", "UserScheduleError", "VerifyResult",
+    "km", "link_down", "link_set",
     "register_schedule", "registered_schedules", "run_experiment", "schedule", "unregister_schedule",
 ]
 
