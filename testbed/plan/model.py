@@ -181,6 +181,11 @@ class Plan:
                 return d
         raise KeyError(f"no OTN link from {src_dc} to {dst_dc}")
 
+    def hops(self, src_dc: str, dst_dc: str) -> list[LinkDirection]:
+        """The OTN directions a packet from src_dc to dst_dc crosses on its planned (routed) path, in order."""
+        path = self.paths[src_dc][dst_dc]
+        return [self.direction(here, nxt) for here, nxt in zip(path, path[1:], strict=False)]
+
     def receiver_address(self, direction: LinkDirection) -> str:
         """The address a probe sends to, to cross this direction: the receiving router's OTN interface."""
         return self.node(direction.dst_node).ip(direction.dst_ifname)

@@ -91,20 +91,14 @@ class HostShape:
 
 def path_of(plan: Plan, src_dc: str, dst_dc: str) -> tuple[float, float, int]:
     """Delay, bottleneck rate and zero-loss rate queue of the planned path src_dc -> dst_dc."""
-    path = plan.paths[src_dc][dst_dc]
-    delay, rate, queue = 0.0, float("inf"), 0
-    for here, nxt in zip(path, path[1:], strict=False):
-        hop = plan.direction(here, nxt)
-        delay += hop.delay_s
-        rate = min(rate, hop.rate_bps)
-        queue = max(queue, hop.rate_queue_packets)
-    return delay, rate, queue
+    hops = plan.hops(src_dc, dst_dc)
+    return (sum(h.delay_s for h in hops), min((h.rate_bps for h in hops), default=float("inf")),
+            max((h.rate_queue_packets for h in hops), default=0))
 
 
 def path_mtu(plan: Plan, src_dc: str, dst_dc: str) -> int:
     """The smallest MTU of the planned path src_dc -> dst_dc."""
-    path = plan.paths[src_dc][dst_dc]
-    return min(plan.direction(here, nxt).mtu for here, nxt in zip(path, path[1:], strict=False))
+    return min(h.mtu for h in plan.hops(src_dc, dst_dc))
 
 
 def plan_shapes(inventory: Inventory, testbed: str) -> dict[str, HostShape]:

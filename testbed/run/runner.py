@@ -204,8 +204,7 @@ def stage_links(plan: Plan, hosts: list[Node]) -> list[StageLink]:
         if a.dc == b.dc:
             links.append(StageLink(0.0, plan.fabric_rate_bps(a.dc), crosses_dc=False))
             continue
-        path = plan.paths[a.dc][b.dc]
-        hops = [plan.direction(here, nxt) for here, nxt in zip(path, path[1:], strict=False)]
+        hops = plan.hops(a.dc, b.dc)
         reals = [h.real_rate_bps for h in hops]
         links.append(StageLink(sum(h.delay_s for h in hops), min(h.rate_bps for h in hops),
                                None if None in reals else min(r for r in reals if r is not None)))
