@@ -1,4 +1,4 @@
-"""The summary.json contract every run meets, one machine or several (DESIGN.md: results). Each check can
+"""The summary.json contract every run meets, one machine or several (docs/json-contracts.md). Each check can
 fail: figures are recomputed from the ones they derive from, and measurements are held to what the run
 itself implies (two workers computing keep the run queue busy; a reference half or double the compute's own
 CPU time is a broken yardstick)."""

@@ -156,7 +156,7 @@ def test_link_set_changes_one_direction_at_run_time(shaped) -> None:
 
 
 def test_sigterm_releases_held_packets(tmp_path: Path) -> None:
-    """Pitfall 4 of FINDINGS.md: a stopped daemon must release what it holds, not drop it."""
+    """A stopped daemon must release what it holds, not drop it."""
     from testbed.backends import nsfs
     from testbed.probe.latency import PROBE_PORT
 

@@ -131,7 +131,7 @@ def _root_links() -> set[str]:
 
 
 def test_soft_roce_device_can_be_created() -> None:
-    """rdma_rxe exists in the stock kernel: an rxe device binds to a NIC in init_net (FINDINGS.md)."""
+    """rdma_rxe exists in the stock kernel: an rxe device binds to a NIC in init_net (docs/kernel.md)."""
     if not _module_loaded("rdma_rxe"):
         pytest.skip("rdma_rxe did not load in this guest")
     subprocess.run(["ip", "link", "add", "tbrxe0", "type", "veth", "peer", "name", "tbrxe1"], check=True)

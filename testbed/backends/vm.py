@@ -3,7 +3,7 @@ userspace, via virtme-ng + QEMU, where sch_netem, rdma_rxe and openvswitch load 
 
 KVM where a guest really boots with it: `--kvm auto` (the default) boots a guest that only runs `true` with
 KVM first and takes TCG (~35 s to boot) when that fails, saying which ran and why. On this project's machines
-/dev/kvm opens but is a PVM hypervisor on which Debian's kernels abort or hang (FINDINGS.md), so the probe
+/dev/kvm opens but is a PVM hypervisor on which Debian's kernels abort or hang (docs/kernel.md), so the probe
 falls back; on hosted CI runners with hardware KVM it is taken. The guest sees the host's files read-only,
 except the folder given as the writable output directory.
 """

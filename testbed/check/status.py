@@ -1,6 +1,6 @@
 """What is up: per testbed, its nodes, switches and OTN directions, whether the kernel still has them, and
-what its shaper's health check finds. `testbed status --json` prints `TestbedStatus.to_json()` (the
-DESIGN.md contract); `render()` is the terminal table."""
+what its shaper's health check finds. `testbed status --json` prints `TestbedStatus.to_json()`
+(docs/json-contracts.md); `render()` is the terminal table."""
 
 from __future__ import annotations
 

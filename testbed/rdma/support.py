@@ -1,6 +1,6 @@
 """Can this kernel run SoftRoCE between emulated hosts? rdma_rxe inside a non-initial network namespace
 needs Linux 7.1 ("RDMA/rxe: Add the support that rxe can work in net namespace"); before that an rxe device
-on a namespaced veth creates fine but every send fails (FINDINGS.md, "SoftRoCE")."""
+on a namespaced veth creates fine but every send fails (docs/kernel.md)."""
 
 from __future__ import annotations
 

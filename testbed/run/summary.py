@@ -1,4 +1,4 @@
-"""A run's summary.json, typed: per schedule (`ScheduleSummary`, DESIGN.md's contract) and for the run
+"""A run's summary.json, typed: per schedule (`ScheduleSummary`, docs/json-contracts.md) and for the run
 (`RunSummary`: topology, links configured and measured, shaper, transport, kernel, host load), with
 `to_json`/`from_json` and the terminal table."""
 
