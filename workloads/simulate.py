@@ -5,8 +5,10 @@ Model (the same semantics the executor runs under gloo/TCP):
   `backward_mb_s` give (a draw of the measured times); sends and receive posts take no time.
 - A message over the link between stages s and s+1 (one-way delay d, rate R, `bytes`) is receiver-driven,
   as gloo's TCP pair is: it starts when both the send is issued (t_send) and the receiver's post has
-  reached the sender (t_post + d); it then occupies the link for bytes/R (messages in one direction queue
-  in program order) and arrives d later. A receive posted just in time therefore costs an extra round trip.
+  reached the sender (t_post + d; the post's notice rides the same connection back, so it leaves only after
+  the messages the receiver already sends that way have left); it then occupies the link for bytes/R
+  (messages in one direction queue in program order) and arrives d later. A receive posted just in time
+  therefore costs an extra round trip.
   Over RDMA (`Costs.receiver_driven` False) a message starts when it is sent: it is written into a slot the
   receiver holds for it (the slot pool's limit on how far a sender runs ahead is not modelled).
 Predicts per-stage compute time, iteration time, bubble ratio, exposed communication and peak in-flight
@@ -87,6 +89,8 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
     posted: dict[tuple[str, int, int], float] = {}     # (dir, receiving stage, mb) -> post time
     sent: dict[tuple[str, int, int], float] = {}       # (dir, receiving stage, mb) -> send time
     arrival: dict[tuple[str, int, int], float] = {}
+    notified: dict[tuple[str, int, int], float] = {}    # when a receive's post has reached its sender
+    transfers: dict[tuple[str, int], list[tuple[float, float]]] = {}   # per (dir, receiving stage): (start, end)
     link_free: dict[tuple[str, int], float] = {}
     order: dict[tuple[str, int], list[int]] = {}       # sends per (dir, receiving stage), program order
 
@@ -102,9 +106,10 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
                 return
             link = link_of(direction, dst)
             d, rate = costs.link_delay_s[link], costs.link_bytes_per_s[link]
-            ready = max(sent[key], posted[key] + d) if costs.receiver_driven else sent[key]
+            ready = max(sent[key], notified[key]) if costs.receiver_driven else sent[key]
             start = max(ready, link_free.get((direction, dst), 0.0))
             link_free[(direction, dst)] = start + costs.activation_bytes / rate
+            transfers.setdefault((direction, dst), []).append((start, link_free[(direction, dst)]))
             arrival[key] = link_free[(direction, dst)] + d + costs.overhead(link)
             queue.pop(0)
 
@@ -113,6 +118,10 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
         if a.op in (Op.RECV_F, Op.RECV_B):
             direction = "F" if a.op is Op.RECV_F else "B"
             posted[(direction, s, a.mb)] = clock[s]
+            # the post's notice travels back on the same connection, behind what this stage is sending there now
+            back = ("B", s - 1) if direction == "F" else ("F", s + 1)
+            ahead = max((end for start, end in transfers.get(back, []) if start <= clock[s]), default=0.0)
+            notified[(direction, s, a.mb)] = max(clock[s], ahead) + costs.link_delay_s[link_of(direction, s)]
             inflight[s] += costs.activation_bytes          # a posted receive buffer (workloads.memory)
             peak[s] = max(peak[s], inflight[s])
             resolve(direction, s)
