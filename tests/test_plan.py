@@ -58,3 +58,15 @@ def test_namespace_names_prefixed_and_testbed_name_overrides(ring_plan) -> None:
     plan = build_plan(load_topology(TOPOLOGY_DIR / "4dc-ring.yaml"), "other")
     assert all(ns.startswith("tb-other-") for ns in plan.netns_names())
     assert len(set(ring_plan.netns_names())) == len(ring_plan.nodes) == 12
+
+
+def test_a_routed_paths_planned_round_trip_is_every_hop_both_ways() -> None:
+    """dc-a <-> dc-c on the ring goes via dc-b (1700 km, 8.5 ms each way); the fabrics add 2 us per DC each way."""
+    from testbed.check.paths import planned_round_trip
+
+    plan = build_plan(load_topology(TOPOLOGY_DIR / "4dc-ring.yaml"))
+    assert plan.paths["dc-a"]["dc-c"] == ["dc-a", "dc-b", "dc-c"]
+    assert [h.label for h in plan.hops("dc-a", "dc-c")] == ["dc-a -> dc-b", "dc-b -> dc-c"]
+    assert planned_round_trip(plan, "dc-a", "dc-c") == pytest.approx(2 * 8.5e-3 + 4 * 2e-6)
+    # the asymmetric direction (dc-d -> dc-a holds 0.5 ms more) counts once
+    assert planned_round_trip(plan, "dc-a", "dc-d") == pytest.approx(2 * 10e-3 + 0.5e-3 + 4 * 2e-6)

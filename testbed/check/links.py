@@ -49,17 +49,17 @@ def check_delays(backend: Backend, probes: int = 10) -> list[Check]:
         by_link.setdefault(d.link, []).append(d)
         sample = one_way(backend.netns_path(d.src_node), backend.netns_path(d.dst_node), plan.receiver_address(d),
                          count=probes, timeout_s=max(1.0, 4 * d.delay_s + 0.5))
-        checks.append(_delay_check("one-way", f"{d.link} {d.label}", d.delay_s, 0.1e-3, sample, probes, d.label))
+        checks.append(delay_check("one-way", f"{d.link} {d.label}", d.delay_s, 0.1e-3, sample, probes, d.label))
     for link, directions in by_link.items():
         fwd = directions[0]
         want = sum(d.delay_s for d in directions)
         sample = round_trip(backend.netns_path(fwd.src_node), plan.receiver_address(fwd), count=probes,
                             timeout_s=max(1.0, 4 * want + 0.5))
-        checks.append(_delay_check("rtt", f"{link} from {fwd.src_dc}", want, 0.2e-3, sample, probes, link))
+        checks.append(delay_check("rtt", f"{link} from {fwd.src_dc}", want, 0.2e-3, sample, probes, link))
     return checks
 
 
-def _delay_check(kind: str, subject: str, want: float, floor_s: float, sample: LatencySample, probes: int,
+def delay_check(kind: str, subject: str, want: float, floor_s: float, sample: LatencySample, probes: int,
                  key: str) -> Check:
     tol = delay_tolerance(want, floor_s, sample.iqr_s)
     got = sample.median_s

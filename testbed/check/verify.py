@@ -10,6 +10,7 @@ from testbed.backends import nsfs
 from testbed.backends.base import Backend
 from testbed.check import links
 from testbed.check.checks import Check, VerifyReport
+from testbed.check.paths import check_paths
 from testbed.plan.builder import FIRST_HOST_OCTET
 from testbed.plan.model import Plan
 from testbed.probe.icmp import echo_all
@@ -63,12 +64,14 @@ def verify_basic(plan: Plan) -> VerifyReport:
 
 
 def verify_testbed(backend: Backend, level: str = "full", probes: int = 10) -> VerifyReport:
-    """`quick`: routes, reachability, shaper health, delays, drops, and with rxe devices the RDMA round trip and
+    """`quick`: routes, reachability, shaper health, delays per direction and link, round trips end to end
+    between every pair of DCs along their routes, drops, and with rxe devices the RDMA round trip and
     goodput per link. `full` adds TCP throughput per direction."""
     shaper = shaper_for(backend)
     report = verify_basic(backend.state.plan)
     report.checks += links.check_health(shaper, backend.state.shaper_name)
     report.checks += links.check_delays(backend, probes=probes)
+    report.checks += check_paths(backend, probes=probes)
     if level == "full":
         report.checks += links.check_throughput(backend, shaper)
     report.checks += links.check_drops(shaper)
