@@ -1,0 +1,45 @@
+"""The simulator against pipelines worked by hand, in absolute seconds (sizing and the model tests compare
+candidates and measurements relatively, so a simulator off by a constant factor would pass them).
+
+Two stages, two micro-batches, 1F1B: stage 0 runs F0 F1 B0 B1, stage 1 runs F0 B0 F1 B1; F takes 1 s, B 2 s."""
+
+from __future__ import annotations
+
+import pytest
+
+from workloads import schedule as S
+from workloads.simulate import Costs, simulate
+
+
+def _costs(delay_s: float, transfer_s: float, receiver_driven: bool = False) -> Costs:
+    # one byte per message at 1 / transfer_s bytes per second: each transfer takes transfer_s
+    rate = 1.0 / transfer_s if transfer_s else 1e18
+    return Costs([1.0, 1.0], [2.0, 2.0], [delay_s], [rate], activation_bytes=1, stash_bytes=0,
+                 receiver_driven=receiver_driven)
+
+
+def test_no_link_cost_the_step_is_m_plus_p_minus_one_slots() -> None:
+    """Stage 1: F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7]; stage 0: F0 [0,1] F1 [1,2] B0 [4,6] B1 [7,9]: step 9."""
+    p = simulate(S.build("1f1b", 2, 2), _costs(0.0, 0.0))
+    assert p.iteration_s == pytest.approx(9.0)
+    assert p.compute_s == pytest.approx([6.0, 6.0])
+    assert p.bubble_ratio == pytest.approx([1 / 3, 1 / 3])
+    assert p.exposed_comm_s == pytest.approx([3.0, 1.0])      # stage 0 waits 2-4 and 6-7; stage 1 waits 0-1
+
+
+def test_a_one_way_delay_is_paid_on_every_crossing_of_the_critical_path() -> None:
+    """d = 0.5 s each way (sender-driven): stage 1 F0 [1.5,2.5] B0 [2.5,4.5] F1 [4.5,5.5] B1 [5.5,7.5]; stage 0
+    B0 on the gradient at 5: [5,7], B1 on the one at 8: [8,10]: step 10."""
+    assert simulate(S.build("1f1b", 2, 2), _costs(0.5, 0.0)).iteration_s == pytest.approx(10.0)
+
+
+def test_a_transfer_time_is_paid_like_a_delay() -> None:
+    """Each message occupies the link 0.25 s: stage 1 F0 [1.25,2.25] B0 [2.25,4.25] F1 [4.25,5.25] B1
+    [5.25,7.25]; stage 0 B0 [4.5,6.5] B1 [7.5,9.5]: step 9.5."""
+    assert simulate(S.build("1f1b", 2, 2), _costs(0.0, 0.25)).iteration_s == pytest.approx(9.5)
+
+
+def test_gpipe_by_hand() -> None:
+    """GPipe, the same costs, no link cost: stage 0 F0 [0,1] F1 [1,2]; stage 1 F0 [1,2] F1 [2,3] B0 [3,5]
+    B1 [5,7]; stage 0 B0 [5,7] B1 [7,9]: step 9 again (the order differs, the critical path does not)."""
+    assert simulate(S.build("gpipe", 2, 2), _costs(0.0, 0.0)).iteration_s == pytest.approx(9.0)
