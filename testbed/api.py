@@ -340,20 +340,20 @@ class RunResult(RunSummary):
         return _frame(self.rows())
 
     def iteration_times(self, schedule: str, setting: str | None = None) -> list[float]:
-        """Seconds each timed iteration of `schedule` took (at the sweep point `setting`), first to last: from
-        the first rank's start to the last rank's end, as the trace shows them (undilated)."""
+        """Seconds each timed iteration of `schedule` took (at the sweep point `setting`), first to last, as the
+        summary's steps count them (from the first stage's start to the last end; undilated)."""
         import json
 
+        from testbed.run.breakdown import step_of
         from workloads.records import RankTrace
 
         folder = self.run_dir / (f"{setting}/{schedule}" if setting else schedule)
-        ranks = [RankTrace.from_json(json.loads(p.read_text())) for p in sorted(folder.glob("rank-*.json"))
-                 if not p.name.endswith(".dilated.json")]
+        ranks = sorted((RankTrace.from_json(json.loads(p.read_text())) for p in folder.glob("rank-*.json")
+                        if not p.name.endswith(".dilated.json")), key=lambda r: r.rank)
         if not ranks:
             raise RunError(f"no traces of {schedule!r} in {folder}")
         timed = sorted({it.iteration for it in ranks[0].iterations if not it.warmup})
-        return [max(it.end for r in ranks for it in r.iterations if it.iteration == i)
-                - min(it.start for r in ranks for it in r.iterations if it.iteration == i) for i in timed]
+        return [step_of([next(it for it in r.iterations if it.iteration == i) for r in ranks]) for i in timed]
 
 
 class ExperimentSpec(_records.ExperimentSpec):
