@@ -31,7 +31,7 @@ from testbed.topology.model import FIBRE_DELAY_S_PER_KM  # noqa: E402
 from testbed.util import table  # noqa: E402
 from testbed.util.paths import resolve_topology  # noqa: E402
 
-COMPUTE_PARTS = ("compute_cpu_excess_s", "compute_preempted_s", "compute_blocked_s")
+COMPUTE_PARTS = ("compute_cpu_excess_s", "host_drift_s", "compute_preempted_s", "compute_blocked_s")
 
 
 def compute_part(s: ScheduleSummary) -> float:

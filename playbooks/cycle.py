@@ -5,8 +5,8 @@ machine that fails (its name and error); `teardown` then still runs on every mac
 idempotent: provisioning skips what is present, shaping replaces what this testbed installed, teardown removes
 exactly that (the agent's state file on each machine names it). This module keeps the order of the steps; the
 steps live in testbed/remote/ (fleet, shapes, verify, workers, readings, summary) and the run's post-processing
-is the single machine's own (testbed/run/runner.py: measure, link_timing, compute_drift, check_budget,
-keep_attempt, write_run).
+is the single machine's own (testbed/run/runner.py: measure, link_timing, compute_slowdown, host_drift,
+check_budget, keep_attempt, write_run).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from testbed.run.runner import (
     RunError,
     RunOptions,
     check_budget,
-    compute_drift,
+    compute_slowdown,
+    host_drift,
     keep_attempt,
     link_timing,
     measure,
@@ -176,7 +177,8 @@ class Cycle(Fleet):
         if measured.breakdown is not None:      # its CPU ledger adds every rank's threads to rank 0's machine:
             measured.breakdown.cpu = []         # right on one box, wrong across several
         measured.host_load = readings.host_load(self, chosen, before, time.monotonic() - began)
-        measured.host_load.compute_drift = compute_drift([measured])
+        measured.host_load.compute_slowdown = compute_slowdown([measured])
+        measured.host_load.judge_drift(host_drift(ranks))
         return Attempt((ranks, measured), measured.host_load, measured.link_timing, where)
 
     def write_timings(self, run_dir: Path) -> None:

@@ -41,12 +41,16 @@ def attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[
     hands it to best_attempt, and what its scripted inputs were called with."""
     plan = build_plan(load_topology(REPO / "topologies" / "2dc-1000km.yaml"), "t")
     labels = [d.label for d in plan.directions]
-    calls: dict[str, list] = {k: [] for k in ("monitor", "run_group", "measure", "drift", "best")}
+    calls: dict[str, list] = {k: [] for k in ("monitor", "run_group", "measure", "slowdown", "drift", "best")}
+    drifts = iter([0.02, -0.03, 0.15])      # the host's drift over attempts 0, 1 and a third
     counters = iter([{labels[0]: (100, 0.010)},                                  # before attempt 0
                      {labels[0]: (300, 0.050), labels[1]: (50, 0.001)},          # after it
-                     {labels[0]: (300, 0.050)}, {labels[0]: (400, 0.070)}])      # attempt 1
+                     {labels[0]: (300, 0.050)}, {labels[0]: (400, 0.070)},       # attempt 1
+                     {labels[0]: (400, 0.070)}, {labels[0]: (500, 0.090)}])      # attempt 2
     loads = iter([HostLoad(wall_s=2.0, steal_fraction=0.07, run_queue_mean=3.0, run_queue_max=4,
                            daemon_cpu_fraction=0.2, disturbed=True, reasons=["CPU steal 7.0% > 5%"]),
+                  HostLoad(wall_s=2.0, steal_fraction=0.0, run_queue_mean=2.0, run_queue_max=2,
+                           daemon_cpu_fraction=0.2, disturbed=False),
                   HostLoad(wall_s=2.0, steal_fraction=0.0, run_queue_mean=2.0, run_queue_max=2,
                            daemon_cpu_fraction=0.2, disturbed=False)])
 
@@ -89,7 +93,9 @@ def attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[
     monkeypatch.setattr(runner, "_hold_counters", lambda _s: next(counters))
     monkeypatch.setattr(runner, "run_group", run_group)
     monkeypatch.setattr(runner, "measure", measure)
-    monkeypatch.setattr(runner, "compute_drift", lambda summaries: calls["drift"].append(list(summaries)) or 0.12)
+    monkeypatch.setattr(runner, "compute_slowdown",
+                        lambda summaries: calls["slowdown"].append(list(summaries)) or 0.12)
+    monkeypatch.setattr(runner, "host_drift", lambda ranks: calls["drift"].append(list(ranks)) or next(drifts))
     monkeypatch.setattr(runner, "best_attempt", best_attempt)
     sweep = LinkSweep("dc-a", "dc-b", [SweepPoint("near", 1e-3, 1e9), SweepPoint("far", 5e-3, 1e9, ["geopipe"])])
     options = RunOptions(schedules=["1f1b", "geopipe"], microbatches=3, microbatch_size=2, sweep=sweep)
@@ -118,7 +124,11 @@ def test_an_attempt_hands_back_its_figures_with_its_load_and_link_timing(attempt
     assert (ab.direction, ab.packets, ba.direction, ba.packets) == (run.labels[0], 200, run.labels[1], 50)
     assert ab.mean_error_s == pytest.approx((0.040 / 200 - 20e-6) / 2.0)
     assert ba.mean_error_s == pytest.approx(0.001 / 50 / 2.0)
-    assert got.load.disturbed and got.load.compute_drift == 0.12 and calls["drift"] == [list(measured_by.values())]
+    assert got.load.disturbed and got.load.compute_slowdown == 0.12 and got.load.slowed
+    assert calls["slowdown"] == [list(measured_by.values())]
+    # the host's drift from every rank of every entry; 2 % is within the bound: the steal alone disturbs it
+    assert calls["drift"] == [[r for e in measured_by for r in ranks_by[e]]]
+    assert got.load.host_drift == 0.02 and not got.load.drifted and got.load.reasons == ["CPU steal 7.0% > 5%"]
     for entry, measured in measured_by.items():
         assert measured.link_setting == entry.split("/")[0]
         assert measured.host_load is got.load and measured.link_timing is got.timing
@@ -133,3 +143,13 @@ def test_a_repeat_writes_to_its_own_folder_with_its_own_readings(attempt) -> Non
     assert timing.packets == 100 and timing.mean_error_s == pytest.approx((0.020 / 100 - 20e-6) / 2.0)
     assert all(m.host_load is again.load for m in again.value[1].values())
     assert all(m.host_load is first.load for m in first.value[1].values())
+
+
+def test_a_host_whose_reference_moved_beyond_the_bound_disturbs_the_attempt(attempt) -> None:
+    """An undisturbed load whose reference moved 15 % between before and after: measured again, with why."""
+    attempt_once, _calls, _run = attempt
+    attempt_once(0), attempt_once(1)
+    third = attempt_once(2)
+    assert third.load.host_drift == 0.15 and third.load.drifted and third.load.disturbed
+    assert third.load.reasons == ["the host's speed changed during the run: its reference moved +15.0% between "
+                                  "before and after (bound 10%)"]

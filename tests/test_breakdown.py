@@ -16,9 +16,10 @@ F, B = 0.010, 0.020
 
 
 def _trace(rank: int, *, runq: float = 0.0, cpu_factor: float = 1.0, wait: float = 0.0, gap: float = 0.0,
-           reference: float = M * (F + B)) -> RankTrace:
+           reference: float = M * (F + B), reference_waited: float = 0.0) -> RankTrace:
     """Two steady iterations of 1f1b-prefetch on 2 stages: F/B spans back to back (each `gap` apart), every
-    span `runq` on the run queue and running `cpu_factor` x its nominal CPU, and one wait of `wait`."""
+    span `runq` on the run queue and running `cpu_factor` x its nominal CPU, and one wait of `wait`; the
+    reference pass ran `reference` seconds of CPU and waited `reference_waited` more for its core."""
     its = []
     for i in range(3):
         t = 100.0 * i
@@ -45,7 +46,8 @@ def _trace(rank: int, *, runq: float = 0.0, cpu_factor: float = 1.0, wait: float
     cfg = WorkerConfig(rank=rank, world=2, master_addr="x", master_port=1, schedules=["1f1b-prefetch"], microbatches=M)
     actions = [str(a) for a in build("1f1b-prefetch", 2, M)[rank]]
     return RankTrace(config=cfg, schedule="1f1b-prefetch", rank=rank, iterations=its, actions=actions,
-                     activation_bytes=131072, reference_compute_s=[reference, reference])
+                     activation_bytes=131072, reference_compute_s=[reference + reference_waited] * 2,
+                     reference_cpu_s=[reference, reference])
 
 
 def _split(**faults: float) -> Breakdown:
@@ -57,8 +59,8 @@ def _split(**faults: float) -> Breakdown:
 def test_the_parts_add_up_to_the_step_exactly() -> None:
     split = _split(runq=0.001, cpu_factor=1.1, wait=0.05, gap=0.002)
     for st in split.stages:
-        total = (st.reference_s + st.compute_cpu_excess_s + st.compute_preempted_s + st.compute_blocked_s + st.wait_s
-                 + st.executor_s + st.skew_s)
+        total = (st.reference_s + st.compute_cpu_excess_s + st.host_drift_s + st.compute_preempted_s
+                 + st.compute_blocked_s + st.wait_s + st.executor_s + st.skew_s)
         assert total == pytest.approx(st.step_s, abs=1e-9)
 
 
@@ -80,6 +82,30 @@ def test_each_fault_lands_in_its_own_part() -> None:
     waited = _split(wait=0.05)
     assert waited.stages[0].wait_s == pytest.approx(0.05)
     assert dict(waited.ranked())["wait_beyond_ideal_s"] > 0
+
+
+def test_a_reference_that_waited_for_its_core_lends_the_run_no_saving() -> None:
+    """The reference pass waited 30 % of its CPU time on the run queue (its wall 1.3x its CPU), the run's spans
+    ran exactly the reference's CPU: nothing was saved and nothing cost more, so every part beyond the ideal
+    pipeline is as in the clean run and the ideal step is the clean one (against the reference's wall time the compute would
+    come out 36 ms per step cheaper than alone, and the ideal step 30 % longer than the step)."""
+    clean, waited = _split(), _split(reference_waited=0.3 * M * (F + B))
+    for st in waited.stages:
+        assert st.reference_s == pytest.approx(M * (F + B)) and st.reference_wall_s == pytest.approx(1.3 * M * (F + B))
+        assert st.compute_cpu_excess_s == 0.0 and st.host_drift_s == 0.0
+    assert waited.ideal_step_s == pytest.approx(clean.ideal_step_s, rel=1e-9)
+    assert dict(waited.ranked()) == pytest.approx(dict(clean.ranked()))
+
+
+def test_a_host_faster_than_at_its_reference_is_drift_not_a_saving() -> None:
+    """Spans that ran 20 % less CPU than the reference: the host's drift, reported apart and never as a negative
+    cost among the parts beyond the ideal pipeline; a slower host the other way round."""
+    faster = _split(cpu_factor=0.8)
+    for st in faster.stages:
+        assert st.host_drift_s == pytest.approx(-0.2 * M * (F + B)) and st.compute_cpu_excess_s == 0.0
+    assert dict(faster.ranked())["compute_cpu_excess_s"] == 0.0
+    slower = _split(cpu_factor=1.2)
+    assert all(st.host_drift_s == 0.0 for st in slower.stages)
 
 
 def test_ideal_step_is_the_simulated_pipeline_on_the_reference_compute() -> None:

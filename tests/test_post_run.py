@@ -29,8 +29,8 @@ def test_a_peak_over_the_budget_fails_the_run_with_both_figures() -> None:
         check_budget("geopipe", _measured(False))
 
 
-@pytest.mark.parametrize("name", ["check_budget", "write_run", "compute_drift", "link_timing", "measure",
-                                  "best_attempt"])
+@pytest.mark.parametrize("name", ["check_budget", "write_run", "compute_slowdown", "host_drift", "link_timing",
+                                  "measure", "best_attempt"])
 def test_the_remote_cycle_calls_the_single_machine_post_run_steps(name: str) -> None:
     """Not a copy: playbooks/cycle.py calls the runner's own functions for these steps."""
     tree = ast.parse((ROOT / "playbooks" / "cycle.py").read_text())

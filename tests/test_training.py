@@ -171,18 +171,32 @@ def test_loss_goes_down_over_a_short_training_run() -> None:
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy so far (/proc/stat: every state but idle, iowait and steal)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4] - fields[7]) / os.sysconf("SC_CLK_TCK")
+
+
 @pytest.mark.root
 @pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_training_across_namespaces_writes_summary(backend: str, unique_name: str, tmp_path: Path) -> None:
     run_cli("up", "2dc-1000km", "--name", unique_name, "--verify", "skip", "--backend", backend, timeout=300)
     try:
+        busy_before = _machine_busy_s()
         out = run_cli("run", unique_name, "--schedule", "1f1b,1f1b-prefetch,geopipe", "--microbatches", "8",
                       "--iterations", "2", "--layers", "2", "--width", "64", "--memory-budget", "1f1b+2",
                       "--results", str(tmp_path), timeout=600)
+        busy = _machine_busy_s() - busy_before
     finally:
         run_cli("down", unique_name)
     summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
     check_summary(summary, ["1f1b", "1f1b-prefetch", "geopipe"], stages=2)
+    # the CPU ledger against /proc/stat read here: the busy CPU it shows over the steady iterations of every
+    # schedule is part of what the machine was busy over the whole command (start-up, warm-ups, references)
+    ledger_busy = sum(s["iterations"] * sum(c["cpu_s"] for c in s["breakdown"]["cpu"]
+                                            if not c["name"].startswith(("idle", "steal", "of which")))
+                      for s in summary["schedules"])
+    assert 0 < ledger_busy < busy, (ledger_busy, busy)
     assert summary["topology"] == "2dc-1000km" and summary["backend"] == backend
     # `--transport auto` (the default) on a testbed without rxe devices: TCP, and the summary says why.
     assert summary["transport"] == "gloo-tcp" and summary["transport_reason"].startswith("--transport auto took tcp")

@@ -13,7 +13,7 @@ from testbed.experiment.records import ExperimentRecord, Point
 from testbed.run.breakdown import side_by_side
 from testbed.run.summary import STRETCH_FLAG
 from testbed.util import table, units
-from testbed.util.hostload import COMPUTE_DRIFT_BOUND, FOREIGN_BOUND, STEAL_BOUND
+from testbed.util.hostload import COMPUTE_SLOWDOWN_FLAG, FOREIGN_BOUND, HOST_DRIFT_BOUND, STEAL_BOUND
 
 MODEL_DIVERGENCE = 0.20
 PAPER_CUT = 0.7891
@@ -319,11 +319,15 @@ def headline(record: ExperimentRecord) -> list[str]:
     repeated = sum(p.measured.repeated for p in record.points)
     disturbed = sum(1 for p in record.points if p.measured.host_load and p.measured.host_load.disturbed)
     drifted = sorted({p.run_dir for p in record.points if p.measured.host_load and p.measured.host_load.drifted})
+    slowed = sorted({p.run_dir for p in record.points if p.measured.host_load and p.measured.host_load.slowed})
+    launches = len({p.run_dir for p in record.points})
     lines.append(f"Host: {repeated} run(s) measured again because the host was disturbed (CPU steal > "
-                 f"{STEAL_BOUND:.0%} or other processes > {FOREIGN_BOUND:.0%} of the CPU), {disturbed} kept disturbed; "
-                 f"in {len(drifted)} of {len({p.run_dir for p in record.points})} launches the compute ran more than "
-                 f"{COMPUTE_DRIFT_BOUND:.0%} slower than the launch's own reference (the host's speed changed; every "
-                 "schedule of a launch is interleaved, so it lands on all of them).")
+                 f"{STEAL_BOUND:.0%}, other processes > {FOREIGN_BOUND:.0%} of the CPU, or its speed changed: the "
+                 f"reference after the run more than {HOST_DRIFT_BOUND:.0%} off the one before), {disturbed} kept "
+                 f"disturbed, {len(drifted)} of {launches} launches kept with the host's speed changed; in "
+                 f"{len(slowed)} of {launches} launches the compute ran more than {COMPUTE_SLOWDOWN_FLAG:.0%} more "
+                 "CPU than alone: that is the run's own cost (cores shared with the emulator and gloo), shown in "
+                 "its breakdown, not the host's speed.")
     lossy = [p for p in record.points if not p.lossless_ok]
     if lossy:
         lines.append(f"NOT LOSSLESS: {len(lossy)} run(s) lost packets on a lossless link ("

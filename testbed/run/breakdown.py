@@ -4,9 +4,13 @@ measured rather than guessed.
 Per stage, over the steady iterations (means, so the parts add up to the step exactly):
 
     step = reference                 the stage's F+B alone (workloads/reference.py), measured in the same run
-                                     before and after its iterations (their mean)
+                                     before and after its iterations (their mean), in CPU time: what the
+                                     compute needs, whatever else shared its core while the reference ran (a
+                                     reference that waited would otherwise lend the run a negative cost)
          + compute_cpu_excess        its F/B spans ran more CPU than alone (caches, softirqs served in its
-                                     context, a slower host moment); negative when they ran less
+                                     context): the run's own cost, never negative
+         + host_drift                its F/B spans ran less CPU than alone: the host ran faster during the run
+                                     than at its reference (never positive; not a saving, the host's drift)
          + compute_preempted         its F/B spans sat on the run queue: other threads had its core
          + compute_blocked           its F/B spans slept (page faults, locks)
          + waiting                   blocked on a receive or the final sends, of which `ideal_wait` is what
@@ -18,7 +22,7 @@ Per stage, over the steady iterations (means, so the parts add up to the step ex
                                      stage's share of it outside its own iteration, of which `ideal_tail` is the
                                      time the ideal pipeline also ends this stage before the last one
 
-`ideal_step` is the simulator's step with the reference compute and the configured links: what the step
+`ideal_step` is the simulator's step with the reference compute (CPU time) and the configured links: what the step
 would be if the testbed cost nothing; `overhead = step - ideal_step` is the apparatus's cost.
 
 The CPU ledger (whole machine, per step): the workers' compute, the executor, each kind of worker thread
@@ -58,7 +62,9 @@ class StageBreakdown:
     stage: int
     step_s: float
     reference_s: float
+    """The stage's F+B alone per step, CPU time (wall time for traces without it and for compute as time)."""
     compute_cpu_excess_s: float
+    """Its spans' CPU beyond the reference's, never negative (the run's own cost)."""
     compute_preempted_s: float
     compute_blocked_s: float
     wait_s: float
@@ -73,15 +79,20 @@ class StageBreakdown:
     """CPU the stage's F/B spans ran per step."""
     reference_cpu_s: float | None = None
     """CPU the reference pass ran (the thread's own, whatever shared the core)."""
+    host_drift_s: float = 0.0
+    """Its spans' CPU short of the reference's, never positive: the host ran faster than at its reference."""
+    reference_wall_s: float | None = None
+    """The reference's wall time (what the bubble's yardstick uses): beyond `reference_s` it waited for a core."""
     late_s: float | None = None
     """Compute as time: how late the spans' wake-ups were, summed per step (a later span still starts at its
     predecessor's deadline, so this is not added to the step; it shows in the executor's and the waits' parts
     only where a wake-up came after the next message)."""
 
     @property
-    def compute_drift(self) -> float | None:
+    def compute_slowdown(self) -> float | None:
         """The spans' CPU over the reference's CPU, less 1: how much slower the compute ran than alone, in CPU
-        time (the host's speed; preemption and oversubscription are not in it)."""
+        time (preemption and oversubscription are not in it; the host's drift over the run is measured apart,
+        from the reference before and after)."""
         if not self.compute_cpu_s or not self.reference_cpu_s:
             return None
         return self.compute_cpu_s / self.reference_cpu_s - 1
@@ -102,12 +113,13 @@ class StageBreakdown:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "wait_beyond_ideal_s": self.wait_beyond_ideal_s,
-                "skew_beyond_ideal_s": self.skew_beyond_ideal_s, "compute_drift": self.compute_drift}
+                "skew_beyond_ideal_s": self.skew_beyond_ideal_s, "compute_slowdown": self.compute_slowdown}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageBreakdown:
         return cls(**{k: v for k, v in data.items()
-                      if k not in ("wait_beyond_ideal_s", "skew_beyond_ideal_s", "compute_drift")})
+                      if k not in ("wait_beyond_ideal_s", "skew_beyond_ideal_s", "compute_drift",
+                                   "compute_slowdown")})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -207,17 +219,20 @@ def _stage(rank: RankTrace, its: list[IterationRecord], steps: list[float], orig
     reference = statistics.mean(rank.reference_compute_s)      # this run's own: before and after its iterations
     if rank.config.timed:       # compute as time: a span is the device's interval from the table, no CPU in it
         return StageBreakdown(
-            stage=rank.rank, step_s=mean(steps), reference_s=reference, compute_cpu_excess_s=wall - reference,
+            stage=rank.rank, step_s=mean(steps), reference_s=reference, compute_cpu_excess_s=max(0.0, wall - reference),
+            host_drift_s=min(0.0, wall - reference), reference_wall_s=reference,
             compute_preempted_s=0.0, compute_blocked_s=0.0, wait_s=wait, ideal_wait_s=None,
             executor_s=own - wall - wait, executor_cpu_s=mean([it.main_cpu_s or 0.0 for it in its]) - cpu - wait_cpu,
             skew_s=mean(steps) - own, compute_cpu_s=None, reference_cpu_s=None,
             late_s=mean([sum(s.late_s or 0.0 for s in c) for c in compute]))
+    reference_cpu = statistics.mean(rank.reference_cpu_s) if rank.reference_cpu_s else None
+    floor = reference_cpu if reference_cpu else reference      # the compute's own need (see the module's account)
     return StageBreakdown(
-        stage=rank.rank, step_s=mean(steps), reference_s=reference, compute_cpu_excess_s=cpu - reference,
-        compute_preempted_s=runq, compute_blocked_s=wall - cpu - runq, wait_s=wait, ideal_wait_s=None,
-        executor_s=own - wall - wait, executor_cpu_s=mean([it.main_cpu_s or 0.0 for it in its]) - cpu - wait_cpu,
-        skew_s=mean(steps) - own, compute_cpu_s=cpu,
-        reference_cpu_s=statistics.mean(rank.reference_cpu_s) if rank.reference_cpu_s else None)
+        stage=rank.rank, step_s=mean(steps), reference_s=floor, compute_cpu_excess_s=max(0.0, cpu - floor),
+        host_drift_s=min(0.0, cpu - floor), compute_preempted_s=runq, compute_blocked_s=wall - cpu - runq,
+        wait_s=wait, ideal_wait_s=None, executor_s=own - wall - wait,
+        executor_cpu_s=mean([it.main_cpu_s or 0.0 for it in its]) - cpu - wait_cpu, skew_s=mean(steps) - own,
+        compute_cpu_s=cpu, reference_cpu_s=reference_cpu, reference_wall_s=reference)
 
 
 def _ideal(ranks: list[RankTrace], stages: list[StageBreakdown], link_delay_s: list[float],
@@ -311,6 +326,9 @@ def render(name: str, split: Breakdown) -> str:
                                  *(ms((s.ideal_wait_s or 0) + (s.ideal_tail_s or 0)) for s in stages), ""]]
     for part, mean in split.ranked():
         rows.append([LABELS[part], *(ms(s.component(part)) for s in stages), ms(mean)])
+    if any(s.host_drift_s for s in stages):
+        rows.append(["the host ran faster than at its reference (drift, not a saving)",
+                     *(ms(s.host_drift_s) for s in stages), ms(statistics.mean(s.host_drift_s for s in stages))])
     ideal = (f"ideal step {split.ideal_step_s * 1e3:.0f} ms, measured {split.step_s * 1e3:.0f} ms: the testbed's own "
              f"cost {split.overhead_s * 1e3:+.0f} ms ({split.overhead_s / split.step_s:.1%} of the step)"
              if split.ideal_step_s is not None and split.overhead_s is not None else "no ideal step (not simulated)")

@@ -523,7 +523,8 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         for entry, measured in measured_by.items():
             measured.link_setting = entry.rsplit("/", 1)[0] if "/" in entry else None
             measured.host_load, measured.link_timing = load, timing
-        load.compute_drift = compute_drift(measured_by.values())
+        load.compute_slowdown = compute_slowdown(measured_by.values())
+        load.judge_drift(host_drift([r for ranks in ranks_by.values() for r in ranks]))
         return Attempt((ranks_by, measured_by), load, timing, where)
 
     best, repeats = best_attempt(attempt_once, log, cpu_matters=not options.compute.timed)
@@ -679,12 +680,22 @@ def measure(schedule: str, ranks: list[RankTrace], tokens_per_step: int, links: 
     return measured
 
 
-def compute_drift(summaries: Any) -> float | None:
-    """How much more CPU the compute spans ran than the run's reference passes did (CPU against CPU: the
-    host's speed, not the sharing of cores), largest over schedules and stages."""
-    drifts = [st.compute_drift for s in summaries if s.breakdown for st in s.breakdown.stages
-              if st.compute_drift is not None]
-    return max(drifts) if drifts else None
+def compute_slowdown(summaries: Any) -> float | None:
+    """How much more CPU the compute spans ran than the run's reference passes did (CPU against CPU: not the
+    sharing of cores), largest over schedules and stages: the run's own cost, since the host's drift over the
+    run is measured apart (host_drift)."""
+    slowdowns = [st.compute_slowdown for s in summaries if s.breakdown for st in s.breakdown.stages
+                 if st.compute_slowdown is not None]
+    return max(slowdowns) if slowdowns else None
+
+
+def host_drift(ranks: list[RankTrace]) -> float | None:
+    """The host's own change of speed during a run: each rank's reference pass after its iterations against the
+    one before them (CPU time, the same pass with nothing else of the run going on), less 1, the largest in size
+    over ranks; None where a rank has not both (compute as time: the table's, which cannot move)."""
+    moves = [r.reference_cpu_s[-1] / r.reference_cpu_s[0] - 1 for r in ranks
+             if len(r.reference_cpu_s) >= 2 and r.reference_cpu_s[0] > 0 and not r.config.timed]
+    return max(moves, key=abs) if moves else None
 
 
 def _hold_counters(shaper: Shaper | None) -> dict[str, tuple[int, float]]:

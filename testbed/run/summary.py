@@ -10,7 +10,7 @@ from typing import Any
 from testbed.run.breakdown import Breakdown
 from testbed.run.dilation import OFF, Dilation
 from testbed.util import table, units
-from testbed.util.hostload import COMPUTE_DRIFT_BOUND, HostLoad
+from testbed.util.hostload import COMPUTE_SLOWDOWN_FLAG, HOST_DRIFT_BOUND, HostLoad
 from workloads.schedule import GeoPipeSizing
 
 STRETCH_FLAG = 1.05
@@ -111,6 +111,7 @@ class ScheduleSummary:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "stretched": self.stretched,
                 "breakdown": self.breakdown.to_json() if self.breakdown else None,
+                "host_load": self.host_load.to_json() if self.host_load else None,
                 "link_timing": [t.to_json() for t in self.link_timing], "links_on_time": self.links_on_time}
 
     @classmethod
@@ -256,8 +257,10 @@ class RunSummary:
                          "-" if load is None else f"{load.steal_fraction:.0%} / "
                          + (f"{load.foreign_fraction:.0%}" if load.foreign_measured else "n/m")
                          + (" !" if load.disturbed else ""),
-                         "-" if load is None or load.compute_drift is None else f"{load.compute_drift:+.0%}"
+                         "-" if load is None or load.host_drift is None else f"{load.host_drift:+.0%}"
                          + (" !" if load.drifted else ""),
+                         "-" if load is None or load.compute_slowdown is None else f"{load.compute_slowdown:+.0%}"
+                         + (" !" if load.slowed else ""),
                          "-" if s.breakdown is None or s.breakdown.overhead_s is None
                          else f"{s.breakdown.overhead_s / s.breakdown.step_s:+.1%}",
                          "-" if not s.link_timing else ("on time" if s.links_on_time else "LATE ("
@@ -265,10 +268,12 @@ class RunSummary:
                          f"{s.loss_first:.3f} -> {s.loss_last:.3f}" if s.loss_first is not None else "-"))
         placement = ", ".join(f"{p.host}" for p in self.stages)
         return table.render(["schedule", "bubble vs ref", "bubble own spans", "stretch", "step s", "tokens/s",
-                             "peak in-flight", "budget", "steal / other", "compute drift", "own cost", "links",
+                             "peak in-flight", "budget", "steal / other", "host drift", "compute vs alone",
+                             "own cost", "links",
                              "loss"], rows,
                             f"\n{self.topology}: {len(self.stages)} stages ({placement}), shaper {self.shaper}, "
                             f"{self.transport}; {self.compute_line()}; bubble vs ref = 1 - uncontended compute / step time; "
-                            f"! = spans stretched > {STRETCH_FLAG:.2f}x, host disturbed, or compute more than "
-                            f"{COMPUTE_DRIFT_BOUND:.0%} slower than the run's reference; own cost = step over the ideal "
-                            "pipeline (summary.json: breakdown)")
+                            f"! = spans stretched > {STRETCH_FLAG:.2f}x, host disturbed, its reference moved more than "
+                            f"{HOST_DRIFT_BOUND:.0%} over the run (host drift: measured again), or the compute ran "
+                            f"more than {COMPUTE_SLOWDOWN_FLAG:.0%} more CPU than alone (the run's own cost); own cost "
+                            "= step over the ideal pipeline (summary.json: breakdown)")
