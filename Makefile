@@ -27,7 +27,7 @@ APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openv
 	rdma-core ibverbs-utils perftest python3-pyverbs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-profile install apt stock-kernel test test-host test-unit multihost vm-test vm-test-remote lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport bench-schedules-transport breakdown bench-repro bench-replay bench-overhead cli clean
+.PHONY: demo demo-profile install apt stock-kernel test test-host test-unit multihost vm-test vm-test-remote lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport bench-schedules-transport breakdown bench-yardstick bench-repro bench-replay bench-overhead cli clean
 
 install: $(STAMP) stock-kernel
 
@@ -158,6 +158,10 @@ bench-schedules-transport: install
 # Where a step's time goes at 0 km and 1000 km: the ideal pipeline and the testbed's own cost, part by part, ranked.
 breakdown: install
 	$(PY) bench/breakdown.py $(ARGS)
+
+# The 0 km bubble against the stated yardstick, in CPU time and against the old one, from the same launches.
+bench-yardstick: install
+	$(PY) bench/yardstick.py $(ARGS)
 
 # The focus point (1000 km, 1f1b-prefetch and geopipe interleaved) RUNS times: spread of step times, speed-up, plans.
 bench-repro: install

@@ -359,9 +359,18 @@ def side_by_side(columns: list[tuple[str, list[Breakdown]]]) -> tuple[list[str],
     for part in COMPONENTS:
         rows.append([f"  {LABELS[part]}", *(cell(med([statistics.mean(st.component(part) for st in b.stages)
                                                        for b in bs])) for _, bs in columns)])
+    rows.append(["  the host ran faster than at its reference (drift)",
+                 *(cell(med([statistics.mean(st.host_drift_s for st in b.stages) for b in bs])) for _, bs in columns)])
     rows.append(["delay daemons' CPU (of all cores)",
                  *(_share(bs, "delay daemons") for _, bs in columns)])
+    for name in ("workers: gloo", "kernel and other", "idle"):
+        rows.append([f"{name}... (of all cores)", *(_share_prefix(bs, name) for _, bs in columns)])
     return headers, rows
+
+
+def _share_prefix(splits: list[Breakdown], prefix: str) -> str:
+    values = [sum(c.fraction for c in b.cpu if c.name.startswith(prefix)) for b in splits if b.cpu]
+    return f"{statistics.median(values):.1%}" if values else "-"
 
 
 def _share(splits: list[Breakdown], name: str) -> str:
