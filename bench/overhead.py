@@ -7,13 +7,14 @@ own cost (testbed/run/breakdown.py), the parts of it (compute preempted, compute
 beyond the ideal pipeline, executor), the delay daemons' CPU and the error of the delay the link delivered
 during the runs, and each variant's step against the first.
 
-    .venv/bin/python bench/overhead.py --compare daemon [--km 1000] [--repetitions 2]
+    .venv/bin/python bench/overhead.py --compare daemon [--km 1000] [--repetitions 2] [--layers 2]
 
 Comparisons:
   daemon   the delay daemons' timing: normal priority vs SCHED_FIFO, spinning to releases or not
   mtu      MTU 1500 vs 9000 on the OTN link and the DC fabric (two testbeds, alternating)
   tcp      the hosts' TCP: BBR with slow start after idle (this machine's Linux default) vs reno without
   comm     the workers' communication threads (gloo's I/O loop) at normal vs real-time priority
+  affinity the workers' communication threads on the worker's own core vs on any core
   dilation time dilation off vs on (workers capped, link delay x k and rate / k, times / k)
 """
 
@@ -43,6 +44,7 @@ from testbed.shaping.registry import shaper_for  # noqa: E402
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM  # noqa: E402
 from testbed.util import table  # noqa: E402
 from testbed.util.paths import resolve_topology  # noqa: E402
+from workloads.records import GPTConfig  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,8 @@ COMPARISONS: dict[str, list[Variant]] = {
                                                                          "slow_start_after_idle": False}})],
     "comm": [Variant("comm threads normal", options={"comm_priority": "normal"}),
              Variant("comm threads real-time", options={"comm_priority": "realtime"})],
+    "affinity": [Variant("comm threads on the worker's core", options={"comm_affinity": "own"}),
+                 Variant("comm threads on any core", options={"comm_affinity": "any"})],
     "dilation": [Variant("no dilation", options={"dilation": "off"}),
                  Variant("dilation", options={"dilation": "auto"})],
 }
@@ -78,6 +82,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare", choices=sorted(COMPARISONS), required=True)
     parser.add_argument("--km", type=float, default=1000.0)
+    parser.add_argument("--layers", type=int, default=None, help="model layers (default: the model's 4)")
     parser.add_argument("--repetitions", type=int, default=2)
     parser.add_argument("--schedules", default="1f1b-prefetch,geopipe")
     parser.add_argument("--microbatches", type=int, default=64)
@@ -87,6 +92,7 @@ def main() -> int:
     variants = COMPARISONS[args.compare]
     schedules = args.schedules.split(",")
     runs: dict[tuple[str, str], list[ScheduleSummary]] = {}
+    fb_s: list[float] = []
     testbeds: dict[str, str] = {}
     try:
         for v in variants:
@@ -100,9 +106,12 @@ def main() -> int:
                 backend = lifecycle.open_backend(testbeds[_topology_key(v)])
                 _apply(backend, v)
                 print(f"repetition {rep + 1}: {v.name}", flush=True)
+                model = {"model": GPTConfig(n_layer=args.layers)} if args.layers else {}
                 options = RunOptions(schedules=schedules, microbatches=args.microbatches,
-                                     memory_budget=args.memory_budget, **v.options)
+                                     memory_budget=args.memory_budget, **model, **v.options)
                 _, summary = run_schedules(backend, options, Path(args.results), log=lambda _m: None)
+                if summary.fb_per_microbatch_s:
+                    fb_s.append(summary.fb_per_microbatch_s)
                 for s in summary.schedules:
                     runs.setdefault((v.name, s.schedule), []).append(s)
                     print(f"  {s.schedule}: step {s.step_time_s:.3f} s", flush=True)
@@ -110,6 +119,9 @@ def main() -> int:
         for name in testbeds.values():
             lifecycle.down(name)
     print(render(variants, schedules, runs, args))
+    if fb_s:
+        print(f"host F+B per micro-batch over the runs: {statistics.median(fb_s) * 1e3:.1f} ms "
+              f"[{min(fb_s) * 1e3:.1f}-{max(fb_s) * 1e3:.1f}]")
     return 0
 
 

@@ -48,6 +48,24 @@ def set_comm_priority(priority: str) -> list[int]:
     return changed
 
 
+def set_comm_affinity(affinity: str) -> list[int]:
+    """own: leave the communication threads on the worker's core; any: let them run on every core the machine
+    has (the computing thread stays pinned). Returns the threads changed."""
+    if affinity not in ("own", "any"):
+        raise ValueError(f"unknown communication affinity {affinity!r}: use own or any")
+    if affinity == "own":
+        return []
+    cores = set(range(os.cpu_count() or 1))
+    changed = []
+    for tid in comm_threads():
+        try:
+            os.sched_setaffinity(tid, cores)
+        except ProcessLookupError:
+            continue
+        changed.append(tid)
+    return changed
+
+
 def uncap_comm_threads(threads_file: str) -> list[int]:
     """Move the communication threads out of the worker's CPU cap (a dilated run): each thread id is written
     to `threads_file` (cgroup v1 `tasks` of an uncapped group, or v2 `cgroup.threads`)."""

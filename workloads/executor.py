@@ -86,8 +86,8 @@ class StageExecutor:
             begin = clock.now()
             it = _Iteration(clock, IterationTrace(start=begin.wall), inputs, targets)
             self.compute.start_iteration(begin.wall)
-            for a in actions:
-                it.action = a
+            for i, a in enumerate(actions):
+                it.action, it.then = a, actions[i + 1] if i + 1 < len(actions) else None
                 self.handlers[a.op](it, a)
             t0 = clock.now()
             for work, _ in it.sends:
@@ -129,7 +129,11 @@ class StageExecutor:
         x = self.compute.input_for(a.mb, received, it.inputs)
         t0 = it.clock.now()
         kept, loss, interval = self.compute.forward(a.mb, x, it.inputs, it.targets, ready)
-        it.span("F", a.mb, t0, interval)
+        t1 = it.clock.now()
+        if it.then == Action(Op.SEND_F, a.mb):        # its message leaves before the span's bookkeeping
+            self._post_f(it, a.mb, kept)
+            it.posted.add(it.then)
+        it.span("F", a.mb, t0, interval, t1)
         it.stash[a.mb] = kept
         it.trace.stash_bytes.append(kept.bytes)
         self._account(it, kept.bytes)
@@ -137,8 +141,14 @@ class StageExecutor:
             it.losses.append(loss)
 
     def _send_f(self, it: _Iteration, a: Action) -> None:
-        payload = self.compute.forward_payload(it.stash[a.mb])
-        it.sends.append((self.transport.isend(payload, self.rank + 1, tag_of("F", a.mb)), payload))
+        if a in it.posted:
+            it.posted.discard(a)
+            return
+        self._post_f(it, a.mb, it.stash[a.mb])
+
+    def _post_f(self, it: _Iteration, mb: int, kept: Stashed) -> None:
+        payload = self.compute.forward_payload(kept)
+        it.sends.append((self.transport.isend(payload, self.rank + 1, tag_of("F", mb)), payload))
 
     def _backward(self, it: _Iteration, a: Action) -> None:
         kept = it.stash[a.mb]
@@ -148,13 +158,24 @@ class StageExecutor:
             ready = it.wait("wait-B", a.mb, work)
         t0 = it.clock.now()
         interval = self.compute.backward(kept, grad, ready)
-        it.span("B", a.mb, t0, interval)
+        t1 = it.clock.now()
+        if it.then == Action(Op.SEND_B, a.mb):        # its message leaves before the span's bookkeeping
+            self._post_b(it, a.mb, kept)
+            it.posted.add(it.then)
+        it.span("B", a.mb, t0, interval, t1)
         self._account(it, -kept.bytes - (self.act_bytes if self.rank < self.stages - 1 else 0))
         kept.bytes = 0
 
     def _send_b(self, it: _Iteration, a: Action) -> None:
-        payload = self.compute.backward_payload(it.stash.pop(a.mb))
-        it.sends.append((self.transport.isend(payload, self.rank - 1, tag_of("B", a.mb)), payload))
+        kept = it.stash.pop(a.mb)
+        if a in it.posted:
+            it.posted.discard(a)
+            return
+        self._post_b(it, a.mb, kept)
+
+    def _post_b(self, it: _Iteration, mb: int, kept: Stashed) -> None:
+        payload = self.compute.backward_payload(kept)
+        it.sends.append((self.transport.isend(payload, self.rank - 1, tag_of("B", mb)), payload))
 
 
 @dataclass(slots=True)
@@ -166,6 +187,10 @@ class _Iteration:
     inputs: list[torch.Tensor] | None
     targets: list[torch.Tensor] | None
     action: Action | None = None
+    then: Action | None = None
+    """The action after this one: a send that follows its F or B is posted as soon as the compute returns."""
+    posted: set[Action] = field(default_factory=set)
+    """Sends already posted by the F or B before them (their own action then does nothing)."""
     recv_f: dict[int, tuple[torch.Tensor, Work]] = field(default_factory=dict)
     recv_b: dict[int, tuple[torch.Tensor, Work]] = field(default_factory=dict)
     stash: dict[int, Stashed] = field(default_factory=dict)
@@ -173,9 +198,11 @@ class _Iteration:
     inflight: int = 0
     losses: list[float] = field(default_factory=list)
 
-    def span(self, kind: str, mb: int, t0: ThreadTimes, interval: Interval | None = None) -> None:
-        """Record a span from `t0` to now; a timed span keeps the device's interval and its wake-up lateness."""
-        t1 = self.clock.now()
+    def span(self, kind: str, mb: int, t0: ThreadTimes, interval: Interval | None = None,
+             t1: ThreadTimes | None = None) -> None:
+        """Record a span from `t0` to `t1` (default: now); a timed span keeps the device's interval and its
+        wake-up lateness."""
+        t1 = t1 or self.clock.now()
         start, end = (t0.wall, t1.wall) if interval is None else (interval.start, interval.end)
         self.trace.spans.append(Span(kind, mb, start, end, t1.cpu - t0.cpu, t1.runq - t0.runq,
                                      None if interval is None else interval.late_s))

@@ -114,6 +114,9 @@ class WorkerConfig:
     comm_priority: str = "normal"
     """normal, or realtime: the communication threads (gloo's I/O loop) under SCHED_FIFO, so a message that
     arrives is taken off the socket at once instead of after the compute thread's time slice."""
+    comm_affinity: str = "own"
+    """own: the communication threads share the worker's core (they inherit its pinning); any: they may run on
+    every core, so a message is taken off the socket on whichever core is free (workloads/commthreads.py)."""
     timeout_s: float = 120.0
     transport: str = TCP.key
     """tcp (gloo) or rdma (workloads/rdma over this host's rxe device: `rdma_device`, `rdma_gid_index`)."""

@@ -24,6 +24,10 @@ from torch import nn
 from workloads.compute import CostTable
 
 PR_SET_TIMERSLACK = 29
+MAX_WAKE_EARLY_S = 200e-6
+"""A timed span spins at most this long before its deadline (a host whose wake-ups are later than that is late)."""
+WAKE_MARGIN_S = 20e-6
+"""Wake this much earlier than the sleeps' learnt lateness (their jitter)."""
 
 
 @dataclass(slots=True)
@@ -110,6 +114,8 @@ class Timed:
         self.cost = table.stages[stage]
         self.activation_bytes = table.activation_bytes
         self.free_at = 0.0
+        self.wake_early_s = 0.0
+        """How long before a deadline the sleep ends (the spin covers the rest): the sleeps' own lateness, learnt."""
         self._payload: dict[int, torch.Tensor] = {}
         set_timer_slack_ns(1)
 
@@ -130,8 +136,14 @@ class Timed:
         start = self.free_at if ready is None else max(self.free_at, ready)
         deadline = start + seconds
         now = time.monotonic()
-        if deadline > now:
-            time.sleep(deadline - now)        # clock_nanosleep to the CLOCK_MONOTONIC deadline (CPython >= 3.11)
+        if deadline - self.wake_early_s > now:      # clock_nanosleep to a CLOCK_MONOTONIC time (CPython >= 3.11)
+            time.sleep(deadline - self.wake_early_s - now)
+            woke = time.monotonic()
+            # the sleep's own lateness, learnt: wake that much before the deadline next time, spin the rest
+            late_wake = woke - (deadline - self.wake_early_s)
+            self.wake_early_s = min(MAX_WAKE_EARLY_S, max(0.0, 0.9 * self.wake_early_s + 0.1 * (late_wake + WAKE_MARGIN_S)))
+        while time.monotonic() < deadline:
+            pass
         late = time.monotonic() - deadline
         self.free_at = deadline
         return Interval(start, deadline, late)

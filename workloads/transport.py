@@ -57,6 +57,81 @@ class GlooTransport(Transport):
         dist.barrier()
 
 
+class _PostedSend:
+    """A send handed to the sender thread: its transport work once that thread has posted it."""
+
+    __slots__ = ("done", "error", "posted", "work")
+
+    def __init__(self) -> None:
+        self.posted = threading.Event()
+        self.work: Work | None = None
+        self.error: BaseException | None = None
+
+    def wait(self) -> None:
+        self.posted.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.work is not None
+        self.work.wait()
+
+    def is_completed(self) -> bool:
+        if not self.posted.is_set() or self.error is not None:
+            return False
+        done = getattr(self.work, "is_completed", None)
+        return bool(done()) if callable(done) else False
+
+
+class SenderThread(Transport):
+    """Another transport whose sends are posted by a thread of their own, in order, so that the caller goes on
+    at once: gloo writes a message into its socket in the posting thread, and through veths the kernel then runs
+    the whole path to the next queue (bridge, routing, the shaper) in that thread, 0.2-0.35 ms per 128 KiB message
+    on the project's 2-core VMs. With compute as time the executor's thread posts the next receive (whose notice
+    the sender waits for) and meets the next deadline meanwhile, as an accelerator's executor would while its
+    NIC sends; the thread is named `tb-sender` in the CPU ledger."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner, self.name = inner, inner.name
+        self._queue: queue.SimpleQueue[tuple[torch.Tensor, int, int, _PostedSend] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="tb-sender", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        _name_thread(b"tb-sender")
+        while (item := self._queue.get()) is not None:
+            tensor, dst, tag, posted = item
+            try:
+                posted.work = self.inner.isend(tensor, dst, tag)
+            except BaseException as exc:  # noqa: BLE001 (handed to whoever waits on the send)
+                posted.error = exc
+            finally:
+                posted.posted.set()
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        posted = _PostedSend()
+        self._queue.put((tensor, dst, tag, posted))
+        return posted
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        return self.inner.irecv(tensor, src, tag)
+
+    def barrier(self) -> None:
+        self.inner.barrier()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+        self.inner.close()
+
+
+def _name_thread(name: bytes) -> None:
+    """The calling thread's name in /proc (PR_SET_NAME), where the CPU ledger reads it."""
+    import contextlib
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)
+
+
 class RdmaTransport(Transport):
     """RC queue pairs to the neighbouring ranks (workloads/rdma/endpoint.py); gloo stays for the barrier and
     the rendezvous that exchanges the QPs' connection data."""

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workloads.commthreads import set_comm_priority, uncap_comm_threads
+from workloads.commthreads import set_comm_affinity, set_comm_priority, uncap_comm_threads
 from workloads.hostcpu import HostCpu
 from workloads.layouts import TORCH_SCHEDULES, stage_layout
 from workloads.probe import probe_message_cost
@@ -43,6 +43,7 @@ def main(config_path: str) -> int:
     if cfg.comm_cgroup:
         uncap_comm_threads(cfg.comm_cgroup)
     set_comm_priority(cfg.comm_priority)
+    set_comm_affinity(cfg.comm_affinity)
     log("ready", rank=cfg.rank)
     try:
         traces = run_interleaved(cfg)
@@ -152,10 +153,13 @@ def _reference(cfg: WorkerConfig, runs: list[OursRun | TorchRun]) -> None:
 
 
 def open_transport(cfg: WorkerConfig, message_bytes: int) -> tuple[Any, dict[str, Any]]:
-    """gloo over TCP, or RDMA queue pairs to the neighbouring ranks sized from the path between them."""
-    from workloads.transport import GlooTransport, RdmaTransport
+    """gloo over TCP, or RDMA queue pairs to the neighbouring ranks sized from the path between them. With compute
+    as time gloo's sends are posted from a thread of their own (workloads/transport.py: SenderThread)."""
+    from workloads.transport import GlooTransport, RdmaTransport, SenderThread
 
     if cfg.transport != RDMA.key or not any(s not in TORCH_SCHEDULES for s in cfg.schedules):
+        if cfg.timed:
+            return SenderThread(GlooTransport()), {"sends": "posted from a sender thread (compute as time)"}
         return GlooTransport(), {}
     from workloads.rdma.endpoint import LinkParams
 

@@ -130,6 +130,8 @@ class RunOptions:
     """RDMA receive slots per neighbour: how many messages a sender may push before the receiver takes them."""
     comm_priority: str = DEFAULT_COMM_PRIORITY
     """The workers' communication threads: normal, or realtime (SCHED_FIFO; workloads/commthreads.py)."""
+    comm_affinity: str = "own"
+    """The workers' communication threads: on the worker's own core, or on any core (workloads/commthreads.py)."""
     dilation: str = DEFAULT_DILATION
     """Time dilation (testbed/run/dilation.py): off, auto (k from the workers' caps) or a factor."""
     sweep: LinkSweep | None = None
@@ -170,6 +172,8 @@ class RunOptions:
                 raise RunError(f"--memory-budget: {exc}") from None
         if self.comm_priority not in ("normal", "realtime"):
             raise RunError(f"--comm-priority {self.comm_priority!r}: use normal or realtime")
+        if self.comm_affinity not in ("own", "any"):
+            raise RunError(f"comm_affinity {self.comm_affinity!r}: use own or any")
         if self.microbatches < 1 or self.microbatch_size < 1 or self.iterations < 1:
             raise RunError("--microbatches, --microbatch-size and --iterations must be at least 1")
 
@@ -318,7 +322,8 @@ def _run_workers(backend: Backend, schedules: list[str], options: RunOptions, ho
                 memory_budget=options.memory_budget, unbudgeted=list(options.unbudgeted), lr=options.lr,
                 seed=options.seed, out_dir=str(out_dir), cpu=rank % cpus,
                 cgroup=str(caps[rank].procs) if caps else "", comm_cgroup=str(caps[rank].threads) if caps else "",
-                comm_priority=options.comm_priority, timeout_s=max(60.0, options.hang_timeout_s),
+                comm_priority=options.comm_priority, comm_affinity=options.comm_affinity,
+                timeout_s=max(60.0, options.hang_timeout_s),
                 dump_gradients=options.dump_gradients, transport=transport.name, rdma_slots=options.rdma_slots,
                 rdma_mtu=transport.path_rdma_mtu, rdma_device=transport.devices[rank].name if transport.devices else "",
                 rdma_gid_index=transport.devices[rank].gid_index if transport.devices else -1, watch=watch,
