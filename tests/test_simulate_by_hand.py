@@ -5,6 +5,8 @@ Two stages, two micro-batches, 1F1B: stage 0 runs F0 F1 B0 B1, stage 1 runs F0 B
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from workloads import schedule as S
@@ -43,3 +45,24 @@ def test_gpipe_by_hand() -> None:
     """GPipe, the same costs, no link cost: stage 0 F0 [0,1] F1 [1,2]; stage 1 F0 [1,2] F1 [2,3] B0 [3,5]
     B1 [5,7]; stage 0 B0 [5,7] B1 [7,9]: step 9 again (the order differs, the critical path does not)."""
     assert simulate(S.build("gpipe", 2, 2), _costs(0.0, 0.0)).iteration_s == pytest.approx(9.0)
+
+
+def test_a_send_lag_delays_each_message_and_not_the_compute() -> None:
+    """Compute as time, sender-driven, every message posted 0.25 s after its compute ends (the executor's own
+    time): like a 0.25 s delay on every crossing, stage 1 F0 [1.25,2.25] B0 [2.25,4.25] F1 [4.25,5.25] B1
+    [5.25,7.25]; stage 0 B0 [4.5,6.5] B1 [7.5,9.5]: step 9.5; the compute is still 6 s per stage."""
+    costs = _costs(0.0, 0.0)
+    p = simulate(S.build("1f1b", 2, 2), dataclasses.replace(costs, send_lag_s=[0.25, 0.25]))
+    assert p.iteration_s == pytest.approx(9.5) and p.compute_s == pytest.approx([6.0, 6.0])
+
+
+def test_a_receive_post_and_its_notice_cost_their_lag_and_the_link_overhead() -> None:
+    """gloo's receiver-driven sends, 1F1B, d = 0.5, a per-message overhead of 0.1 s on data and on notices, and
+    each receive posted 0.2 s after the compute before it (a transfer: start + 0.6; a notice: post + 0.6).
+    Stage 1 posts RF0 at 0.2, noticed at 0.8; F0 (sent at 1) arrives 1.6: F0 [1.6,2.6], B0 [2.6,4.6].
+    Stage 0 runs F0 [0,1], F1 [1,2], posts RB0 at 2.2 (noticed 2.8); B0, sent at 4.6, arrives 5.2: B0 [5.2,7.2].
+    Stage 1 posts RF1 at 4.8 (noticed 5.4); F1, sent at 2, arrives 6.0: F1 [6,7], B1 [7,9].
+    Stage 0 posts RB1 at 7.4 (noticed 8.0); B1, sent at 9, arrives 9.6: B1 [9.6,11.6]. Step 11.6."""
+    costs = Costs([1.0, 1.0], [2.0, 2.0], [0.5], [1e18], activation_bytes=1, stash_bytes=0, receiver_driven=True,
+                  message_overhead_s=0.1, recv_lag_s=[0.2, 0.2])
+    assert simulate(S.build("1f1b", 2, 2), costs).iteration_s == pytest.approx(11.6)

@@ -332,3 +332,15 @@ def test_a_send_leaves_as_soon_as_its_compute_returns_before_the_span_is_recorde
         for sp in (s for s in trace.spans if s.kind in ("F", "B")):
             want = table.stages[r].forward.median_s if sp.kind == "F" else table.stages[r].backward.median_s
             assert abs((sp.end - sp.start) - want) < EXACT
+
+
+def test_each_message_and_receive_has_its_measured_lag(one_f_one_b) -> None:
+    """The model is fed each stage's lag from a compute's end to its message's post and to a receive's post: one
+    per send and per receive, never negative, and small beside the ~20-40 ms spans on LocalTransport (a lag taken
+    from the span's start, or a deadline on the wrong clock, would be a span long or hours off)."""
+    traces, _ = one_f_one_b
+    for r, trace in enumerate(traces):
+        links = (r > 0) + (r < STAGES - 1)
+        assert len(trace.send_lag_s) == len(trace.recv_lag_s) == links * M, (r, trace.send_lag_s, trace.recv_lag_s)
+        assert min(trace.send_lag_s) >= 0 and min(trace.recv_lag_s) >= 0
+        assert statistics.median(trace.send_lag_s) < 0.005 and statistics.median(trace.recv_lag_s) < 0.005

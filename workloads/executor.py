@@ -40,6 +40,12 @@ class IterationTrace:
     """CPU the main thread ran over the whole iteration (spans and the executor's own work between them)."""
     runq_s: float = 0.0
     """Time the main thread waited for its core over the whole iteration."""
+    send_lag_s: list[float] = field(default_factory=list)
+    """Per send, in order: from its F's or B's end to when the transport began to post it (the executor's and
+    the sender thread's own time before the message can leave)."""
+    recv_lag_s: list[float] = field(default_factory=list)
+    """Per receive, in order: from the end of this stage's compute before it (or the iteration's start) to its
+    post (the executor's own time before the receive's notice can leave)."""
 
     @property
     def compute_s(self) -> float:
@@ -84,7 +90,7 @@ class StageExecutor:
         clock = ThreadClock()           # opened on the thread that runs the actions (its schedstat is read)
         try:
             begin = clock.now()
-            it = _Iteration(clock, IterationTrace(start=begin.wall), inputs, targets)
+            it = _Iteration(clock, IterationTrace(start=begin.wall), inputs, targets, last_end=begin.wall)
             self.compute.start_iteration(begin.wall)
             for i, a in enumerate(actions):
                 it.action, it.then = a, actions[i + 1] if i + 1 < len(actions) else None
@@ -92,6 +98,9 @@ class StageExecutor:
             t0 = clock.now()
             for work, _ in it.sends:
                 work.wait()
+            for (work, _), (ready, called) in zip(it.sends, it.send_times, strict=True):
+                started = getattr(work, "started", None)        # a sender thread's; else the executor's call
+                it.trace.send_lag_s.append((called if started is None else started) - ready)
             if it.sends:
                 it.span("wait-send", -1, t0)
             end = clock.now()
@@ -111,11 +120,13 @@ class StageExecutor:
                                  f"{self.budget_bytes} B (after {it.action})")
 
     def _recv_f(self, it: _Iteration, a: Action) -> None:
+        it.trace.recv_lag_s.append(self.clock() - it.last_end)
         buf = self.compute.buffer(self.rank - 1)
         it.recv_f[a.mb] = (buf, self.transport.irecv(buf, self.rank - 1, tag_of("F", a.mb)))
         self._account(it, self.act_bytes)
 
     def _recv_b(self, it: _Iteration, a: Action) -> None:
+        it.trace.recv_lag_s.append(self.clock() - it.last_end)
         buf = self.compute.buffer(self.rank)
         it.recv_b[a.mb] = (buf, self.transport.irecv(buf, self.rank + 1, tag_of("B", a.mb)))
         self._account(it, self.act_bytes)
@@ -130,6 +141,7 @@ class StageExecutor:
         t0 = it.clock.now()
         kept, loss, interval = self.compute.forward(a.mb, x, it.inputs, it.targets, ready)
         t1 = it.clock.now()
+        it.computed[("F", a.mb)] = it.last_end = t1.wall if interval is None else interval.end
         if it.then == Action(Op.SEND_F, a.mb):        # its message leaves before the span's bookkeeping
             self._post_f(it, a.mb, kept)
             it.posted.add(it.then)
@@ -148,6 +160,7 @@ class StageExecutor:
 
     def _post_f(self, it: _Iteration, mb: int, kept: Stashed) -> None:
         payload = self.compute.forward_payload(kept)
+        it.send_times.append((it.computed[("F", mb)], self.clock()))
         it.sends.append((self.transport.isend(payload, self.rank + 1, tag_of("F", mb)), payload))
 
     def _backward(self, it: _Iteration, a: Action) -> None:
@@ -159,6 +172,7 @@ class StageExecutor:
         t0 = it.clock.now()
         interval = self.compute.backward(kept, grad, ready)
         t1 = it.clock.now()
+        it.computed[("B", a.mb)] = it.last_end = t1.wall if interval is None else interval.end
         if it.then == Action(Op.SEND_B, a.mb):        # its message leaves before the span's bookkeeping
             self._post_b(it, a.mb, kept)
             it.posted.add(it.then)
@@ -175,6 +189,7 @@ class StageExecutor:
 
     def _post_b(self, it: _Iteration, mb: int, kept: Stashed) -> None:
         payload = self.compute.backward_payload(kept)
+        it.send_times.append((it.computed[("B", mb)], self.clock()))
         it.sends.append((self.transport.isend(payload, self.rank - 1, tag_of("B", mb)), payload))
 
 
@@ -191,6 +206,12 @@ class _Iteration:
     """The action after this one: a send that follows its F or B is posted as soon as the compute returns."""
     posted: set[Action] = field(default_factory=set)
     """Sends already posted by the F or B before them (their own action then does nothing)."""
+    computed: dict[tuple[str, int], float] = field(default_factory=dict)
+    """When each F and B ended, by (kind, micro-batch) (the device's deadline with compute as time)."""
+    last_end: float = 0.0
+    """When this stage's last F or B ended (the iteration's start before the first)."""
+    send_times: list[tuple[float, float]] = field(default_factory=list)
+    """Per send, in order: (its compute's end, when the executor handed it to the transport)."""
     recv_f: dict[int, tuple[torch.Tensor, Work]] = field(default_factory=dict)
     recv_b: dict[int, tuple[torch.Tensor, Work]] = field(default_factory=dict)
     stash: dict[int, Stashed] = field(default_factory=dict)

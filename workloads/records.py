@@ -220,6 +220,10 @@ class IterationRecord:
     (`main`, gloo's threads, ...): what the rank's own process spent beside its compute."""
     host: HostWindow | None = None
     """The whole machine's CPU over the iteration: per state (idle, softirq, steal, ...) and per watched group."""
+    send_lag_s: list[float] = field(default_factory=list)
+    """Per send, in order: from its F's or B's end to when the transport began to post it."""
+    recv_lag_s: list[float] = field(default_factory=list)
+    """Per receive, in order: from the stage's compute before it (or the iteration's start) to its post."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -104,7 +104,8 @@ class OursRun:
             optimizer_s=opt_s, compute_s=trace.compute_s, wait_s=trace.wait_s, forward_s=trace.mean_compute("F"),
             backward_s=trace.mean_compute("B"), stash_bytes=max(trace.stash_bytes) if trace.stash_bytes else 0,
             main_cpu_s=trace.cpu_s, main_runq_s=trace.runq_s, threads=threads,
-            host=self.host.window(host_before, host_after))
+            host=self.host.window(host_before, host_after), send_lag_s=trace.send_lag_s,
+            recv_lag_s=trace.recv_lag_s)
         self.iterations.append(record)
         log("iteration", rank=cfg.rank, schedule=self.name, iteration=it, seconds=trace.end - trace.start,
             loss=trace.loss)

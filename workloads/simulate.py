@@ -2,7 +2,9 @@
 
 Model (the same semantics the executor runs under gloo/TCP):
 - F/B of stage s take `forward_s[s]` / `backward_s[s]`, or per micro-batch what `forward_mb_s` /
-  `backward_mb_s` give (a draw of the measured times); sends and receive posts take no time.
+  `backward_mb_s` give (a draw of the measured times); sends and receive posts take no time, except a
+  measured lag from a compute's end to its message's post and to a receive's post (`send_lag_s`,
+  `recv_lag_s`, compute as time).
 - A message over the link between stages s and s+1 (one-way delay d, rate R, `bytes`) is receiver-driven,
   as gloo's TCP pair is: it starts when both the send is issued (t_send) and the receiver's post has
   reached the sender (t_post + d; the post's notice rides the same connection back, so it leaves only after
@@ -49,6 +51,11 @@ class Costs:
     backward_mb_s: list[list[float]] | None = None
     link_overhead_s: list[float] | None = None
     """Per link between stage s and s+1: its own cost per message (as probed); overrides `message_overhead_s`."""
+    send_lag_s: list[float] | None = None
+    """Per stage: from an F's or B's end to when its message begins to be posted (compute as time: the
+    executor's and the sender thread's own time, which the device's timeline does not wait for)."""
+    recv_lag_s: list[float] | None = None
+    """Per stage: from its compute before a receive to the receive's post (compute as time)."""
 
     def overhead(self, link: int) -> float:
         return self.link_overhead_s[link] if self.link_overhead_s else self.message_overhead_s
@@ -117,17 +124,20 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
         a: Action = schedule[s][pos[s]]
         if a.op in (Op.RECV_F, Op.RECV_B):
             direction = "F" if a.op is Op.RECV_F else "B"
-            posted[(direction, s, a.mb)] = clock[s]
+            posted[(direction, s, a.mb)] = clock[s] + (costs.recv_lag_s[s] if costs.recv_lag_s else 0.0)
             # the post's notice travels back on the same connection, behind what this stage is sending there now
             back = ("B", s - 1) if direction == "F" else ("F", s + 1)
-            ahead = max((end for start, end in transfers.get(back, []) if start <= clock[s]), default=0.0)
-            notified[(direction, s, a.mb)] = max(clock[s], ahead) + costs.link_delay_s[link_of(direction, s)]
+            ahead = max((end for start, end in transfers.get(back, []) if start <= posted[(direction, s, a.mb)]),
+                        default=0.0)
+            link = link_of(direction, s)
+            notified[(direction, s, a.mb)] = (max(posted[(direction, s, a.mb)], ahead)
+                                              + costs.link_delay_s[link] + costs.overhead(link))
             inflight[s] += costs.activation_bytes          # a posted receive buffer (workloads.memory)
             peak[s] = max(peak[s], inflight[s])
             resolve(direction, s)
         elif a.op in (Op.SEND_F, Op.SEND_B):
             direction, dst = ("F", s + 1) if a.op is Op.SEND_F else ("B", s - 1)
-            sent[(direction, dst, a.mb)] = clock[s]
+            sent[(direction, dst, a.mb)] = clock[s] + (costs.send_lag_s[s] if costs.send_lag_s else 0.0)
             order.setdefault((direction, dst), []).append(a.mb)
             resolve(direction, dst)
         else:

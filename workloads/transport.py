@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
@@ -60,12 +61,14 @@ class GlooTransport(Transport):
 class _PostedSend:
     """A send handed to the sender thread: its transport work once that thread has posted it."""
 
-    __slots__ = ("done", "error", "posted", "work")
+    __slots__ = ("error", "posted", "started", "work")
 
     def __init__(self) -> None:
         self.posted = threading.Event()
         self.work: Work | None = None
         self.error: BaseException | None = None
+        self.started: float | None = None
+        """When the sender thread began to post it (monotonic seconds)."""
 
     def wait(self) -> None:
         self.posted.wait()
@@ -100,6 +103,7 @@ class SenderThread(Transport):
         while (item := self._queue.get()) is not None:
             tensor, dst, tag, posted = item
             try:
+                posted.started = time.monotonic()
                 posted.work = self.inner.isend(tensor, dst, tag)
             except BaseException as exc:  # noqa: BLE001 (handed to whoever waits on the send)
                 posted.error = exc

@@ -4,7 +4,8 @@ same discrete-event model that dry-runs schedules (workloads/simulate.py). Nothi
   the expected step over the same bootstrap draws of it that GeoPipe's plan uses (workloads/sampling.py);
 - the executor's own time between spans, per stage, as measured;
 - the transport's cost per message beyond delay and transfer: the workers' ping-pong probe at start-up
-  (workloads/probe.py);
+  (workloads/probe.py); with compute as time also each stage's measured lag from a span's end to its
+  message's post (the executor's own time, which delays the message and not the device);
 - the link: the point's configured delay and rate.
 It is also the "what if" for distances and rates no machine here emulates.
 """
@@ -48,6 +49,11 @@ class StageTimes:
     timed: bool = False
     """Compute as time: F and B ran on a device timeline the executor's own work does not delay, so the model
     adds no dispatch time between spans."""
+    send_lag_s: list[float] | None = None
+    """Compute as time, per stage: the median time from a span's end to its message's post, measured in the run
+    (the executor's and the sender thread's own time; it delays the message, not the device)."""
+    recv_lag_s: list[float] | None = None
+    """Compute as time, per stage: the median time from its compute before a receive to the receive's post."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "samples": self.samples.to_json() if self.samples else None}
@@ -83,8 +89,14 @@ def stage_times(ranks: list[RankTrace]) -> StageTimes:
     cost = max([0.0, *(c for r in ranks for c in r.message_cost_s)])     # a link that delivers early costs nothing
     table = ranks[0].config.cost_table
     per_link = [max(0.0, c) for c in ranks[0].message_cost_s] or None
+    lags = [[lag for it in r.steady for lag in it.send_lag_s] for r in ranks]
+    send_lag = [statistics.median(x) for x in lags] if ranks[0].config.timed and all(lags) else None
+    rlags = [[lag for it in r.steady for lag in it.recv_lag_s] for r in ranks]
+    recv_lag = ([statistics.median(x) if x else 0.0 for x in rlags]
+                if ranks[0].config.timed and any(rlags) else None)
     return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch, reference, samples, cost,
-                      per_link, list(table.rate_scale) if table and table.rate_scale else None, ranks[0].config.timed)
+                      per_link, list(table.rate_scale) if table and table.rate_scale else None, ranks[0].config.timed,
+                      send_lag, recv_lag)
 
 
 MODELLED = ("gpipe", "1f1b", "1f1b-prefetch", "geopipe", "torch-gpipe", "torch-1f1b")
@@ -113,7 +125,9 @@ def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: l
     per_link = times.message_cost_per_link_s if message_overhead_s is None else None
     costs = Costs(times.forward_s, times.backward_s, link_delay_s, bytes_per_s, times.activation_bytes,
                   max(times.stash_bytes), overhead, None if times.timed else times.dispatch_s,
-                  receiver_driven=TRANSPORTS[transport].receiver_driven, link_overhead_s=per_link)
+                  receiver_driven=TRANSPORTS[transport].receiver_driven, link_overhead_s=per_link,
+                  send_lag_s=times.send_lag_s if times.timed else None,
+                  recv_lag_s=times.recv_lag_s if times.timed else None)
     return simulate_expected(sched, costs, times.samples, microbatches), geo
 
 
