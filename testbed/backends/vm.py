@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,49 +142,93 @@ def guest_script(command: str, outdir: Path) -> str:
     """What runs inside the guest: load the modules, then the command from the repo root."""
     loads = "; ".join(f"modprobe {m} 2>/dev/null" for m in GUEST_MODULES)
     passed = "".join(f" {k}={shlex.quote(os.environ[k])}" for k in GUEST_ENV_PASSED if k in os.environ)
-    return (f"{loads}; cd {shlex.quote(str(REPO_ROOT))} && export TESTBED_IN_VM=1 PYTHONDONTWRITEBYTECODE=1 "
+    return (f"exec 2>&1; {loads}; cd {shlex.quote(str(REPO_ROOT))} && export TESTBED_IN_VM=1 PYTHONDONTWRITEBYTECODE=1 "
             f"TESTBED_STATE_DIR={shlex.quote(str(outdir / 'state'))} TESTBED_VM_OUT={shlex.quote(str(outdir))}"
             f"{passed} && {command}")
+
+
+CONSOLE_LOG = "console.log"
+"""The guest kernel's console and what vng and QEMU say on the host, kept under the output folder."""
+CONSOLE_TAIL_LINES = 30
+BOOT_FAILED = 255
+"""vng's status when the guest ended without the command's status: a kernel panic, QEMU dying, the init failing."""
 
 
 def run_in_vm(command: str, outdir: Path, *, kvm: bool = False, memory: str = "2G", cpus: int = 2,
               timeout_s: float = 1800) -> int:
     """Boot the stock kernel, run `command` (a shell line), return its exit status. Ctrl-C kills the guest.
 
-    Past `timeout_s` the guest is killed and the exit status is 124, with a line on stderr that says so."""
+    The guest's console goes to `outdir/console.log`; when the guest dies before the command began (vng's 255 with
+    no output: a panic or QEMU failing under emulation) it is booted once more, saying why with the console's
+    last lines. Past `timeout_s` the guest is killed and the exit status is 124, with a line on stderr."""
     setup = find_setup()
     outdir.mkdir(parents=True, exist_ok=True)
-    argv = [str(setup.vng), *([] if kvm else ["--disable-kvm"]), "-r", str(setup.kernel), "--memory", memory,
-            "--cpus", str(cpus), "--rwdir", str(outdir), "--", guest_script(command, outdir)]
-    env = {**os.environ, "PATH": f"{setup.vng.parent}:{os.environ.get('PATH', '')}"}
-    # Through a pipe: QEMU writing straight into an inherited file would overwrite what is already in it.
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    expired = threading.Event()
+    deadline = time.monotonic() + timeout_s
+    for boot in (1, 2):
+        status, spoke, expired = _boot(setup, command, outdir, kvm=kvm, memory=memory, cpus=cpus,
+                                       timeout_s=max(1.0, deadline - time.monotonic()))
+        if expired:
+            print(f"testbed vm: the guest ran past --timeout {timeout_s:g} s and was killed; what it wrote under "
+                  f"{outdir} stays; give it longer with --timeout", file=sys.stderr, flush=True)
+            return 124
+        if status == BOOT_FAILED and not spoke and boot == 1:
+            print(f"testbed vm: the guest died before the command began (vng exit {status}); its console's last "
+                  f"lines:\n{console_tail(outdir)}\ntestbed vm: booting it once more", file=sys.stderr, flush=True)
+            continue
+        if status == BOOT_FAILED:       # the command's own status never came back: a panic, QEMU dying
+            print(f"testbed vm: the guest ended without the command's status (vng exit {status}); its console's "
+                  f"last lines ({outdir / CONSOLE_LOG}):\n{console_tail(outdir)}", file=sys.stderr, flush=True)
+        return status
+    raise AssertionError("unreachable")
 
-    def expire() -> None:
-        expired.set()
-        os.killpg(proc.pid, signal.SIGKILL)
 
-    watchdog = threading.Timer(timeout_s, expire)
-    watchdog.start()
+def console_tail(outdir: Path, lines: int = CONSOLE_TAIL_LINES) -> str:
+    """The last lines of the guest's console log, or a line saying it is empty."""
     try:
-        assert proc.stdout is not None
-        for line in iter(proc.stdout.readline, b""):
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
-        proc.wait()
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    finally:
-        watchdog.cancel()
-    if expired.is_set():
-        print(f"testbed vm: the guest ran past --timeout {timeout_s:g} s and was killed; what it wrote under "
-              f"{outdir} stays; give it longer with --timeout", file=sys.stderr, flush=True)
-        return 124
-    return proc.returncode
+        text = (outdir / CONSOLE_LOG).read_text(errors="replace").rstrip().splitlines()
+    except OSError:
+        text = []
+    return "\n".join(f"  | {line}" for line in text[-lines:]) or "  | (nothing: QEMU wrote no console output)"
+
+
+def _boot(setup: VmSetup, command: str, outdir: Path, *, kvm: bool, memory: str, cpus: int,
+          timeout_s: float) -> tuple[int, bool, bool]:
+    """One boot: (exit status, whether the guest wrote anything on its stdout, whether it ran past timeout_s)."""
+    # --verbose sends the kernel's console to vng's stderr, kept in the log; the guest script's own stderr is joined
+    # to its stdout (guest_script), which is streamed here.
+    argv = [str(setup.vng), *([] if kvm else ["--disable-kvm"]), "--verbose", "-r", str(setup.kernel),
+            "--memory", memory, "--cpus", str(cpus), "--rwdir", str(outdir), "--", guest_script(command, outdir)]
+    env = {**os.environ, "PATH": f"{setup.vng.parent}:{os.environ.get('PATH', '')}"}
+    # Through pipes: QEMU writing straight into an inherited file would overwrite what is already in it.
+    with open(outdir / CONSOLE_LOG, "wb") as console:
+        proc = subprocess.Popen(argv, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        logger = threading.Thread(target=shutil.copyfileobj, args=(proc.stderr, console), daemon=True)
+        logger.start()
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            os.killpg(proc.pid, signal.SIGKILL)
+
+        watchdog = threading.Timer(timeout_s, expire)
+        watchdog.start()
+        spoke = False
+        try:
+            for line in iter(proc.stdout.readline, b""):
+                spoke = True
+                sys.stdout.buffer.write(line)
+                sys.stdout.buffer.flush()
+            proc.wait()
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        finally:
+            watchdog.cancel()
+            logger.join(timeout=5)
+    return proc.returncode, spoke, expired.is_set()
 
 
 def in_vm() -> bool:
