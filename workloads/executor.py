@@ -21,6 +21,9 @@ from workloads.stagecompute import Arithmetic, Interval, Stashed, Timed
 from workloads.threadclock import ThreadClock, ThreadTimes
 from workloads.transport import Transport, Work
 
+LOOKAHEAD = 16
+"""How far past an action the executor looks for the send and the receives it posts early."""
+
 
 def tag_of(direction: str, mb: int) -> int:
     return 2 * mb + (0 if direction == "F" else 1)
@@ -93,7 +96,10 @@ class StageExecutor:
             it = _Iteration(clock, IterationTrace(start=begin.wall), inputs, targets, last_end=begin.wall)
             self.compute.start_iteration(begin.wall)
             for i, a in enumerate(actions):
-                it.action, it.then = a, actions[i + 1] if i + 1 < len(actions) else None
+                it.action, it.ahead = a, actions[i + 1:i + 1 + LOOKAHEAD]
+                if a in it.posted:                  # a receive or send its F or B already posted
+                    it.posted.discard(a)
+                    continue
                 self.handlers[a.op](it, a)
             t0 = clock.now()
             for work, _ in it.sends:
@@ -142,9 +148,10 @@ class StageExecutor:
         kept, loss, interval = self.compute.forward(a.mb, x, it.inputs, it.targets, ready)
         t1 = it.clock.now()
         it.computed[("F", a.mb)] = it.last_end = t1.wall if interval is None else interval.end
-        if it.then == Action(Op.SEND_F, a.mb):        # its message leaves before the span's bookkeeping
+        if it.ahead[:1] == [Action(Op.SEND_F, a.mb)]:      # its message leaves before the span's bookkeeping
+            self._post_receives_after_send(it)
             self._post_f(it, a.mb, kept)
-            it.posted.add(it.then)
+            it.posted.add(it.ahead[0])
         it.span("F", a.mb, t0, interval, t1)
         it.stash[a.mb] = kept
         it.trace.stash_bytes.append(kept.bytes)
@@ -153,10 +160,18 @@ class StageExecutor:
             it.losses.append(loss)
 
     def _send_f(self, it: _Iteration, a: Action) -> None:
-        if a in it.posted:
-            it.posted.discard(a)
-            return
         self._post_f(it, a.mb, it.stash[a.mb])
+
+    def _post_receives_after_send(self, it: _Iteration) -> None:
+        """Post the receives that follow the F's or B's send in the schedule before the send itself: their
+        notices are a few bytes and, on gloo, ride the connection the send's data takes; posted after the data
+        they would queue behind it for a whole transfer time (measured: half of 1f1b's receives at 0 km waited
+        two transfers, 2.1 ms, instead of one, 1.1 ms). Posting a receive earlier never waits on anything."""
+        for later in it.ahead[1:]:
+            if later.op not in (Op.RECV_F, Op.RECV_B):
+                break
+            self.handlers[later.op](it, later)
+            it.posted.add(later)
 
     def _post_f(self, it: _Iteration, mb: int, kept: Stashed) -> None:
         payload = self.compute.forward_payload(kept)
@@ -173,19 +188,20 @@ class StageExecutor:
         interval = self.compute.backward(kept, grad, ready)
         t1 = it.clock.now()
         it.computed[("B", a.mb)] = it.last_end = t1.wall if interval is None else interval.end
-        if it.then == Action(Op.SEND_B, a.mb):        # its message leaves before the span's bookkeeping
-            self._post_b(it, a.mb, kept)
-            it.posted.add(it.then)
+        freed = kept.bytes + (self.act_bytes if self.rank < self.stages - 1 else 0)
+        if it.ahead[:1] == [Action(Op.SEND_B, a.mb)]:      # its message leaves before the span's bookkeeping
+            self._account(it, -freed)                        # (the stash is free: receives posted now count on it)
+            freed = 0
+            self._post_receives_after_send(it)
+            self._post_b(it, a.mb, it.stash.pop(a.mb))
+            it.posted.add(it.ahead[0])
         it.span("B", a.mb, t0, interval, t1)
-        self._account(it, -kept.bytes - (self.act_bytes if self.rank < self.stages - 1 else 0))
+        if freed:
+            self._account(it, -freed)
         kept.bytes = 0
 
     def _send_b(self, it: _Iteration, a: Action) -> None:
-        kept = it.stash.pop(a.mb)
-        if a in it.posted:
-            it.posted.discard(a)
-            return
-        self._post_b(it, a.mb, kept)
+        self._post_b(it, a.mb, it.stash.pop(a.mb))
 
     def _post_b(self, it: _Iteration, mb: int, kept: Stashed) -> None:
         payload = self.compute.backward_payload(kept)
@@ -202,10 +218,11 @@ class _Iteration:
     inputs: list[torch.Tensor] | None
     targets: list[torch.Tensor] | None
     action: Action | None = None
-    then: Action | None = None
-    """The action after this one: a send that follows its F or B is posted as soon as the compute returns."""
+    ahead: list[Action] = field(default_factory=list)
+    """The actions after this one (LOOKAHEAD of them): a send that follows its F or B is posted as soon as the
+    compute returns, the receives after that send just before it."""
     posted: set[Action] = field(default_factory=set)
-    """Sends already posted by the F or B before them (their own action then does nothing)."""
+    """Sends and receives already posted by the F or B before them (their own action then does nothing)."""
     computed: dict[tuple[str, int], float] = field(default_factory=dict)
     """When each F and B ended, by (kind, micro-batch) (the device's deadline with compute as time)."""
     last_end: float = 0.0
