@@ -66,3 +66,16 @@ def test_a_receive_post_and_its_notice_cost_their_lag_and_the_link_overhead() ->
     costs = Costs([1.0, 1.0], [2.0, 2.0], [0.5], [1e18], activation_bytes=1, stash_bytes=0, receiver_driven=True,
                   message_overhead_s=0.1, recv_lag_s=[0.2, 0.2])
     assert simulate(S.build("1f1b", 2, 2), costs).iteration_s == pytest.approx(11.6)
+
+
+def test_a_stage_let_out_of_the_start_barrier_early_has_its_first_notice_there_in_time() -> None:
+    """gloo, d = 2 (longer than F0): with every stage starting at 0, stage 1's notice for F0 reaches stage 0 at
+    2, F0 (sent at 1) arrives 4: F0 [4,5] B0 [5,7], arriving 9; RF1 posted at 7, noticed 9, F1 arrives 11:
+    F1 [11,12] B1 [12,14], arriving 16 (RB1 noticed at 13): stage 0's B1 [16,18], step 18. Stage 1 let out 2
+    earlier (as the run's start barrier across the link does): the notice is there at 0, F0 arrives 3 and every
+    later exchange a second sooner: step 17; the 2 s stage 1 waited before stage 0 began are not the step's."""
+    costs = _costs(2.0, 0.0, receiver_driven=True)
+    assert simulate(S.build("1f1b", 2, 2), costs).iteration_s == pytest.approx(18.0)
+    early = simulate(S.build("1f1b", 2, 2), dataclasses.replace(costs, start_s=[0.0, -2.0]))
+    assert early.iteration_s == pytest.approx(17.0)
+    assert early.end_s == pytest.approx([17.0, 13.0]) and early.exposed_comm_s == pytest.approx([11.0, 7.0])

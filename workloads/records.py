@@ -4,6 +4,7 @@ Each has `to_json`/`from_json`; no torch import here, so the runner and the repo
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -296,3 +297,14 @@ class RankTrace:
                    transport_detail=dict(data.get("transport_detail", {})), dilation=float(data.get("dilation", 1.0)),
                    message_cost_s=list(data.get("message_cost_s", [])),
                    reference_cpu_s=list(data.get("reference_cpu_s", [])))
+
+
+def start_offsets(ranks: list[RankTrace]) -> list[float] | None:
+    """Per rank (in rank order): the median over the steady iterations of its start minus rank 0's. The start
+    barrier crosses the emulated links, so a later stage begins up to a link delay before stage 0 and its first
+    receives are posted (their notices on the way) before the pipeline's first forward."""
+    steady = [r.steady for r in ranks]
+    if len(ranks) < 2 or not steady[0] or len({len(its) for its in steady}) != 1:
+        return None
+    return [statistics.median(it.start - first.start for it, first in zip(its, steady[0], strict=True))
+            for its in steady]

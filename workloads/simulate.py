@@ -56,6 +56,10 @@ class Costs:
     executor's and the sender thread's own time, which the device's timeline does not wait for)."""
     recv_lag_s: list[float] | None = None
     """Per stage: from its compute before a receive to the receive's post (compute as time)."""
+    start_s: list[float] | None = None
+    """Per stage: when it begins the iteration, against stage 0 (measured: a start barrier across the links lets
+    the later stages out up to a link delay earlier, so their first receives' notices are already on the way);
+    the step is counted from stage 0's start, as the run counts it. None: every stage at 0."""
 
     def overhead(self, link: int) -> float:
         return self.link_overhead_s[link] if self.link_overhead_s else self.message_overhead_s
@@ -87,7 +91,8 @@ class Deadlock(TestbedError, RuntimeError):
 
 def simulate(schedule: Schedule, costs: Costs) -> Prediction:
     stages = len(schedule)
-    clock = [0.0] * stages
+    clock = list(costs.start_s) if costs.start_s else [0.0] * stages
+    origin = costs.start_s[0] if costs.start_s else 0.0
     pos = [0] * stages
     wait = [0.0] * stages
     compute = [0.0] * stages
@@ -114,7 +119,7 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
             link = link_of(direction, dst)
             d, rate = costs.link_delay_s[link], costs.link_bytes_per_s[link]
             ready = max(sent[key], notified[key]) if costs.receiver_driven else sent[key]
-            start = max(ready, link_free.get((direction, dst), 0.0))
+            start = max(ready, link_free.get((direction, dst), float("-inf")))
             link_free[(direction, dst)] = start + costs.activation_bytes / rate
             transfers.setdefault((direction, dst), []).append((start, link_free[(direction, dst)]))
             arrival[key] = link_free[(direction, dst)] + d + costs.overhead(link)
@@ -128,7 +133,7 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
             # the post's notice travels back on the same connection, behind what this stage is sending there now
             back = ("B", s - 1) if direction == "F" else ("F", s + 1)
             ahead = max((end for start, end in transfers.get(back, []) if start <= posted[(direction, s, a.mb)]),
-                        default=0.0)
+                        default=float("-inf"))
             link = link_of(direction, s)
             notified[(direction, s, a.mb)] = (max(posted[(direction, s, a.mb)], ahead)
                                               + costs.link_delay_s[link] + costs.overhead(link))
@@ -149,7 +154,7 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
                 if key not in arrival:
                     return False
                 start = max(start, arrival[key])
-            wait[s] += start - clock[s]
+            wait[s] += max(0.0, start - max(clock[s], origin))     # waits before stage 0's start are not the step's
             cost = costs.forward(s, a.mb) if forward else costs.backward(s, a.mb)
             clock[s] = start + cost + (costs.dispatch_s[s] if costs.dispatch_s else 0.0)
             compute[s] += cost
@@ -174,7 +179,7 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
             blocked = [f"rank {s} at {schedule[s][pos[s]]} (action {pos[s]})" for s in range(stages)
                        if pos[s] < len(schedule[s])]
             raise Deadlock("deadlock: " + "; ".join(blocked))
-    iteration = max(clock)
+    iteration = max(clock) - origin
     return Prediction(iteration_s=iteration, compute_s=compute,
                       bubble_ratio=[1 - c / iteration for c in compute], exposed_comm_s=wait,
-                      peak_inflight_bytes=peak, end_s=clock)
+                      peak_inflight_bytes=peak, end_s=[c - origin for c in clock])

@@ -6,6 +6,7 @@ same discrete-event model that dry-runs schedules (workloads/simulate.py). Nothi
 - the transport's cost per message beyond delay and transfer: the workers' ping-pong probe at start-up
   (workloads/probe.py); with compute as time also each stage's measured lag from a span's end to its
   message's post (the executor's own time, which delays the message and not the device);
+- each stage's start against stage 0's, as measured (the start barrier crosses the links);
 - the link: the point's configured delay and rate.
 It is also the "what if" for distances and rates no machine here emulates.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from workloads import schedule as S
 from workloads.memory import MemoryBudget
-from workloads.records import TRANSPORTS, RankTrace
+from workloads.records import TRANSPORTS, RankTrace, start_offsets
 from workloads.sampling import ComputeSamples, simulate_expected
 from workloads.simulate import Costs, Prediction
 from workloads.sizing import size_geopipe
@@ -54,6 +55,9 @@ class StageTimes:
     (the executor's and the sender thread's own time; it delays the message, not the device)."""
     recv_lag_s: list[float] | None = None
     """Compute as time, per stage: the median time from its compute before a receive to the receive's post."""
+    start_offset_s: list[float] | None = None
+    """Per stage: the median of its iteration's start minus stage 0's (the start barrier crosses the links, so
+    later stages begin up to a link delay earlier and their first receives are posted before stage 0 starts)."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "samples": self.samples.to_json() if self.samples else None}
@@ -96,7 +100,7 @@ def stage_times(ranks: list[RankTrace]) -> StageTimes:
                 if ranks[0].config.timed and any(rlags) else None)
     return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch, reference, samples, cost,
                       per_link, list(table.rate_scale) if table and table.rate_scale else None, ranks[0].config.timed,
-                      send_lag, recv_lag)
+                      send_lag, recv_lag, start_offsets(ranks))
 
 
 MODELLED = ("gpipe", "1f1b", "1f1b-prefetch", "geopipe", "torch-gpipe", "torch-1f1b")
@@ -105,10 +109,13 @@ MODELLED = ("gpipe", "1f1b", "1f1b-prefetch", "geopipe", "torch-gpipe", "torch-1
 
 def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: list[float],
             link_rate_bps: list[float], memory_budget: str | None = None,
-            message_overhead_s: float | None = None, transport: str = "tcp") -> tuple[Prediction, S.GeoPipeSizing | None]:
+            message_overhead_s: float | None = None, transport: str = "tcp",
+            measured_here: bool = True) -> tuple[Prediction, S.GeoPipeSizing | None]:
     """The model's run of `schedule` (one of MODELLED) at these links and budget, over gloo's receiver-driven
     TCP or sender-driven RDMA (`transport`): the expected step over draws of the measured compute; geopipe is
-    planned as the workers plan it. `message_overhead_s` defaults to the measured per-message cost."""
+    planned as the workers plan it. `message_overhead_s` defaults to the measured per-message cost.
+    `measured_here`: `times` were measured at these links, so the stages start as they did there (each stage's
+    measured start offset); False (a what-if at other links): every stage starts with stage 0."""
     stages = len(times.forward_s)
     scale = times.rate_scale or [1.0] * len(link_rate_bps)
     bytes_per_s = [r / 8 * k for r, k in zip(link_rate_bps, scale, strict=True)]
@@ -127,7 +134,8 @@ def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: l
                   max(times.stash_bytes), overhead, None if times.timed else times.dispatch_s,
                   receiver_driven=TRANSPORTS[transport].receiver_driven, link_overhead_s=per_link,
                   send_lag_s=times.send_lag_s if times.timed else None,
-                  recv_lag_s=times.recv_lag_s if times.timed else None)
+                  recv_lag_s=times.recv_lag_s if times.timed else None,
+                  start_s=times.start_offset_s if measured_here else None)
     return simulate_expected(sched, costs, times.samples, microbatches), geo
 
 

@@ -301,7 +301,7 @@ class Experiment:
             point.predicted_bubble, point.predicted_step_s = bubble_vs_reference(pred, own), pred.iteration_s
         if self.times is not None:
             pred, _ = predict(point.schedule, self.times, point.microbatches, delays, rates, point.memory_budget,
-                              self.overhead_s, transport=point.transport)
+                              self.overhead_s, transport=point.transport, measured_here=False)
             point.predicted_step_from_0km_s = pred.iteration_s
 
     def _stage_links(self, backend: Backend | None, delay_s: float, rate_bps: float) -> tuple[list[float], list[float]]:
@@ -354,7 +354,8 @@ class Experiment:
                 for schedule in (s for s in self.spec.schedules if s in MODELLED):
                     delays, rates = self._stage_links(backend, km * FIBRE_DELAY_S_PER_KM, self.base_rate_bps)
                     pred, _ = predict(schedule, self.times, self.spec.microbatches, delays, rates,
-                                      applied_budget(schedule, self.spec.memory_budget), self.overhead_s)
+                                      applied_budget(schedule, self.spec.memory_budget), self.overhead_s,
+                                      measured_here=False)
                     predictions.append(ModelPrediction(km, schedule, bubble_vs_reference(pred, self.times),
                                                        pred.iteration_s))
         missing = [st.label for st in self.missing()]

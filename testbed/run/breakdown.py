@@ -39,7 +39,7 @@ from typing import Any
 
 from testbed.util import table
 from workloads import schedule as S
-from workloads.records import IterationRecord, RankTrace
+from workloads.records import IterationRecord, RankTrace, start_offsets
 from workloads.simulate import Costs, Deadlock, simulate
 
 COMPONENTS = ("compute_cpu_excess_s", "compute_preempted_s", "compute_blocked_s", "wait_beyond_ideal_s",
@@ -238,7 +238,8 @@ def _stage(rank: RankTrace, its: list[IterationRecord], steps: list[float], orig
 def _ideal(ranks: list[RankTrace], stages: list[StageBreakdown], link_delay_s: list[float],
            link_rate_bps: list[float], receiver_driven: bool) -> Any:
     """The schedule the ranks ran, simulated with each stage's reference compute (split into F and B as its
-    spans were) on the configured links, with no per-message or executor cost."""
+    spans were) on the configured links, each stage starting as it did against stage 0 (the start barrier),
+    with no per-message or executor cost."""
     try:
         schedule = [[S.Action.parse(a) for a in r.actions] for r in ranks]
     except ValueError:
@@ -256,7 +257,7 @@ def _ideal(ranks: list[RankTrace], stages: list[StageBreakdown], link_delay_s: l
     table = ranks[0].config.cost_table
     bytes_per_s = [r / 8 * (table.scale(s) if table else 1.0) for s, r in enumerate(link_rate_bps)]
     costs = Costs(fwd, bwd, list(link_delay_s), bytes_per_s, int(ranks[0].activation_bytes or 0),
-                  0, 0.0, None, receiver_driven=receiver_driven)
+                  0, 0.0, None, receiver_driven=receiver_driven, start_s=start_offsets(ranks))
     try:
         return simulate(schedule, costs)
     except Deadlock:
