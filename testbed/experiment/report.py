@@ -343,7 +343,8 @@ def headline(record: ExperimentRecord) -> list[str]:
         lines.append(f"Time dilation: {env['dilation']}.")
     if record.model_inputs is not None:
         lines.append(f"Model (fitted to nothing): fed by each launch's own compute (its 1f1b's spans as a distribution, "
-                     f"the executor's time between them, the probed per-message cost) and the configured link, its "
+                     f"the executor's time between them or, with compute as time, its lag to each post; each stage's "
+                     f"start; the probed per-message cost) and the configured link, its "
                      f"step time is {_model_error(record, 'predicted_step_s')}; fed by the 0 km launch alone (what "
                      f"predicts a distance not emulated; per-message cost {record.message_overhead_s * 1e3:.2f} ms), "
                      f"{_model_error(record, 'predicted_step_from_0km_s')}, the rest being the host's drift between "
@@ -355,14 +356,14 @@ def headline(record: ExperimentRecord) -> list[str]:
 
 
 def _model_error(record: ExperimentRecord, field: str) -> str:
-    """The model's step-time error over the distance sweep (the prediction in `field`), the largest in words."""
-    errors = [(getattr(p, field) / p.measured.step_time_s - 1, p) for p in record.headline_points()
-              if getattr(p, field)]
+    """The model's step-time error over every point it predicted (the prediction in `field`), the largest in
+    words (its sweep, distance, schedule and budget)."""
+    errors = [(getattr(p, field) / p.measured.step_time_s - 1, p) for p in record.points if getattr(p, field)]
     if not errors:
         return "no prediction"
     worst, at = max(errors, key=lambda e: abs(e[0]))
-    return (f"within {abs(worst):.1%} of the measurement at every point ({len(errors)} points; the largest at "
-            f"{at.distance_km:g} km, {at.schedule})")
+    return (f"within {abs(worst):.1%} of the measurement at every point ({len(errors)} points; the largest in the "
+            f"{at.sweep} sweep at {at.distance_km:g} km, {at.schedule}, budget {at.memory_budget})")
 
 
 def terminal_summary(exp_dir: Path) -> str:
