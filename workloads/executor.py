@@ -166,7 +166,10 @@ class StageExecutor:
         """Post the receives that follow the F's or B's send in the schedule before the send itself: their
         notices are a few bytes and, on gloo, ride the connection the send's data takes; posted after the data
         they would queue behind it for a whole transfer time (measured: half of 1f1b's receives at 0 km waited
-        two transfers, 2.1 ms, instead of one, 1.1 ms). Posting a receive earlier never waits on anything."""
+        two transfers, 2.1 ms, instead of one, 1.1 ms). Posting a receive earlier never waits on anything. Only where
+        the transport says so (Transport.receives_before_sends)."""
+        if not self.transport.receives_before_sends:
+            return
         for later in it.ahead[1:]:
             if later.op not in (Op.RECV_F, Op.RECV_B):
                 break
