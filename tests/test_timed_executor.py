@@ -110,6 +110,15 @@ def _run(table: CostTable, name: str = "1f1b", m: int = M, budgets: list[int | N
     return traces  # type: ignore[return-value]
 
 
+def _in_threads(rank, stages: int, timeout_s: float = 10) -> None:
+    """`rank(r)` for every rank on a thread of its own, all started, then joined."""
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(stages)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout_s)
+
+
 def _iteration(traces: list[IterationTrace]) -> float:
     return max(t.end for t in traces) - min(t.start for t in traces)
 
@@ -316,11 +325,7 @@ def test_a_send_leaves_as_soon_as_its_compute_returns_before_the_span_is_recorde
         ex = StageExecutor(Timed(table, r, 2), r, 2, Noting(hub, r, {}), 2)
         traces[r] = ex.run(S.build("1f1b", 2, 2)[r], None, None)
 
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=10)
+    _in_threads(rank, 2)
     assert len(by_thread) == 2
     for order in by_thread.values():
         sends = [o for o in order if o.startswith("send")]
@@ -369,20 +374,14 @@ def test_the_receives_after_a_send_are_posted_before_it() -> None:
 
     hub, m = LocalHub(2), 3
     table = _hand_table([0.002, 0.002], [0.004, 0.004])
-    threads = [threading.Thread(target=lambda r=r: StageExecutor(Timed(table, r, 2), r, 2, Noting(hub, r, {}), m)
-                                .run(S.build("1f1b", 2, m)[r], None, None), daemon=True) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=10)
+
+    def rank(r: int) -> None:
+        StageExecutor(Timed(table, r, 2), r, 2, Noting(hub, r, {}), m).run(S.build("1f1b", 2, m)[r], None, None)
+
     f, b = (lambda mb: f"recv {tag_of('F', mb)}"), (lambda mb: f"send {tag_of('B', mb)}")
+    _in_threads(rank, 2)
     assert order == [f(0), f(1), b(0), f(2), b(1), b(2)], order
     order.clear()
     Noting.receives_before_sends = False
-    threads = [threading.Thread(target=lambda r=r: StageExecutor(Timed(table, r, 2), r, 2, Noting(hub, r, {}), m)
-                                .run(S.build("1f1b", 2, m)[r], None, None), daemon=True) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=10)
+    _in_threads(rank, 2)
     assert order == [f(0), b(0), f(1), b(1), f(2), b(2)], order

@@ -191,16 +191,13 @@ class StageExecutor:
         interval = self.compute.backward(kept, grad, ready)
         t1 = it.clock.now()
         it.computed[("B", a.mb)] = it.last_end = t1.wall if interval is None else interval.end
-        freed = kept.bytes + (self.act_bytes if self.rank < self.stages - 1 else 0)
+        # the stash is free once B returns (receives posted early below count on it)
+        self._account(it, -kept.bytes - (self.act_bytes if self.rank < self.stages - 1 else 0))
         if it.ahead[:1] == [Action(Op.SEND_B, a.mb)]:      # its message leaves before the span's bookkeeping
-            self._account(it, -freed)                        # (the stash is free: receives posted now count on it)
-            freed = 0
             self._post_receives_after_send(it)
             self._post_b(it, a.mb, it.stash.pop(a.mb))
             it.posted.add(it.ahead[0])
         it.span("B", a.mb, t0, interval, t1)
-        if freed:
-            self._account(it, -freed)
         kept.bytes = 0
 
     def _send_b(self, it: _Iteration, a: Action) -> None:

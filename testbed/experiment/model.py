@@ -93,14 +93,18 @@ def stage_times(ranks: list[RankTrace]) -> StageTimes:
     cost = max([0.0, *(c for r in ranks for c in r.message_cost_s)])     # a link that delivers early costs nothing
     table = ranks[0].config.cost_table
     per_link = [max(0.0, c) for c in ranks[0].message_cost_s] or None
-    lags = [[lag for it in r.steady for lag in it.send_lag_s] for r in ranks]
-    send_lag = [statistics.median(x) for x in lags] if ranks[0].config.timed and all(lags) else None
-    rlags = [[lag for it in r.steady for lag in it.recv_lag_s] for r in ranks]
-    recv_lag = ([statistics.median(x) if x else 0.0 for x in rlags]
-                if ranks[0].config.timed and any(rlags) else None)
     return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch, reference, samples, cost,
                       per_link, list(table.rate_scale) if table and table.rate_scale else None, ranks[0].config.timed,
-                      send_lag, recv_lag, start_offsets(ranks))
+                      _median_lags(ranks, "send_lag_s"), _median_lags(ranks, "recv_lag_s"), start_offsets(ranks))
+
+
+def _median_lags(ranks: list[RankTrace], field: str) -> list[float] | None:
+    """Compute as time: per stage, the median of its steady iterations' lags in `field` (0 where it has none);
+    None in real mode or where no stage recorded one."""
+    lags = [[lag for it in r.steady for lag in getattr(it, field)] for r in ranks]
+    if not ranks[0].config.timed or not any(lags):
+        return None
+    return [statistics.median(x) if x else 0.0 for x in lags]
 
 
 MODELLED = ("gpipe", "1f1b", "1f1b-prefetch", "geopipe", "torch-gpipe", "torch-1f1b")
