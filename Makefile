@@ -171,7 +171,7 @@ bench-repro: install
 bench-replay: install
 	$(PY) bench/replay_vs_real.py $(ARGS)
 
-# One part of the apparatus, variant against variant, interleaved (COMPARE=daemon|tcp|mtu|comm|affinity|dilation).
+# One part of the apparatus, variant against variant, interleaved (COMPARE=daemon|tcp|mtu|comm|affinity|sender|dilation).
 bench-overhead: install
 	$(PY) bench/overhead.py --compare $(or $(COMPARE),daemon) $(ARGS)
 

@@ -15,6 +15,7 @@ Comparisons:
   tcp      the hosts' TCP: BBR with slow start after idle (this machine's Linux default) vs reno without
   comm     the workers' communication threads (gloo's I/O loop) at normal vs real-time priority
   affinity the workers' communication threads on the worker's own core vs on any core
+  sender   gloo's sends written by the executor's thread vs a sender thread (the receives after a send first)
   dilation time dilation off vs on (workers capped, link delay x k and rate / k, times / k)
 """
 
@@ -73,6 +74,8 @@ COMPARISONS: dict[str, list[Variant]] = {
              Variant("comm threads real-time", options={"comm_priority": "realtime"})],
     "affinity": [Variant("comm threads on the worker's core", options={"comm_affinity": "own"}),
                  Variant("comm threads on any core", options={"comm_affinity": "any"})],
+    "sender": [Variant("sends written by the executor, schedule's order", options={"sender": "inline"}),
+               Variant("sends from a sender thread, receives first", options={"sender": "thread"})],
     "dilation": [Variant("no dilation", options={"dilation": "off"}),
                  Variant("dilation", options={"dilation": "auto"})],
 }

@@ -409,7 +409,8 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         model={"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "block_size": args.seq_len},
         memory_budget=args.memory_budget, stages=args.stages, placement=args.placement,
         hang_timeout_s=args.hang_timeout, lr=args.lr, seed=args.seed, dump_gradients=args.dump_gradients,
-        transport=args.transport, rdma_slots=args.rdma_slots, dilation=_dilation(args.dilation), compute=args.compute)
+        transport=args.transport, rdma_slots=args.rdma_slots, sender=args.sender, dilation=_dilation(args.dilation),
+        compute=args.compute)
 
 
 def check_training(args: argparse.Namespace) -> None:
@@ -575,6 +576,9 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                         "missing), tcp (gloo), auto (rdma where every stage has it, else tcp and why)")
     p.add_argument("--rdma-slots", type=int, default=4,
                    help="RDMA receive slots per neighbour (messages a sender may push ahead of the receiver)")
+    p.add_argument("--sender", default="thread", choices=["thread", "inline"],
+                   help="gloo's sends: from a thread of their own, the receives after a send posted before it "
+                        "(thread), or written by the executor's thread in the schedule's order (inline)")
     _apparatus_args(p)
 
 

@@ -16,13 +16,13 @@ import torch
 
 from workloads.memory import BudgetExceeded
 from workloads.records import Span
-from workloads.schedule import Action, Op
+from workloads.schedule import Action, Op, posting_order
 from workloads.stagecompute import Arithmetic, Interval, Stashed, Timed
 from workloads.threadclock import ThreadClock, ThreadTimes
 from workloads.transport import Transport, Work
 
-LOOKAHEAD = 16
-"""How far past an action the executor looks for the send and the receives it posts early."""
+LOOKAHEAD = 1
+"""How far past an action the executor looks: for the send that follows an F or B, posted as it returns."""
 
 
 def tag_of(direction: str, mb: int) -> int:
@@ -88,8 +88,14 @@ class StageExecutor:
         return cls(Arithmetic(stage, rank, stages, activation_shape, microbatches, loss_fn), rank, stages, transport,
                    microbatches)
 
+    def posting_order(self, actions: list[Action]) -> list[Action]:
+        """The rank's actions as this executor posts them (workloads/schedule.py: posting_order)."""
+        return posting_order(actions, self.transport.receives_before_sends)
+
     def run(self, actions: list[Action], inputs: list[torch.Tensor] | None,
             targets: list[torch.Tensor] | None) -> IterationTrace:
+        """Run one iteration of the rank's scheduled `actions`, in posting order."""
+        actions = self.posting_order(actions)
         clock = ThreadClock()           # opened on the thread that runs the actions (its schedstat is read)
         try:
             begin = clock.now()
@@ -149,7 +155,6 @@ class StageExecutor:
         t1 = it.clock.now()
         it.computed[("F", a.mb)] = it.last_end = t1.wall if interval is None else interval.end
         if it.ahead[:1] == [Action(Op.SEND_F, a.mb)]:      # its message leaves before the span's bookkeeping
-            self._post_receives_after_send(it)
             self._post_f(it, a.mb, kept)
             it.posted.add(it.ahead[0])
         it.span("F", a.mb, t0, interval, t1)
@@ -161,20 +166,6 @@ class StageExecutor:
 
     def _send_f(self, it: _Iteration, a: Action) -> None:
         self._post_f(it, a.mb, it.stash[a.mb])
-
-    def _post_receives_after_send(self, it: _Iteration) -> None:
-        """Post the receives that follow the F's or B's send in the schedule before the send itself: their
-        notices are a few bytes and, on gloo, ride the connection the send's data takes; posted after the data
-        they would queue behind it for a whole transfer time (measured: half of 1f1b's receives at 0 km waited
-        two transfers, 2.1 ms, instead of one, 1.1 ms). Posting a receive earlier never waits on anything. Only where
-        the transport says so (Transport.receives_before_sends)."""
-        if not self.transport.receives_before_sends:
-            return
-        for later in it.ahead[1:]:
-            if later.op not in (Op.RECV_F, Op.RECV_B):
-                break
-            self.handlers[later.op](it, later)
-            it.posted.add(later)
 
     def _post_f(self, it: _Iteration, mb: int, kept: Stashed) -> None:
         payload = self.compute.forward_payload(kept)
@@ -194,7 +185,6 @@ class StageExecutor:
         # the stash is free once B returns (receives posted early below count on it)
         self._account(it, -kept.bytes - (self.act_bytes if self.rank < self.stages - 1 else 0))
         if it.ahead[:1] == [Action(Op.SEND_B, a.mb)]:      # its message leaves before the span's bookkeeping
-            self._post_receives_after_send(it)
             self._post_b(it, a.mb, it.stash.pop(a.mb))
             it.posted.add(it.ahead[0])
         it.span("B", a.mb, t0, interval, t1)
@@ -219,8 +209,7 @@ class _Iteration:
     targets: list[torch.Tensor] | None
     action: Action | None = None
     ahead: list[Action] = field(default_factory=list)
-    """The actions after this one (LOOKAHEAD of them): a send that follows its F or B is posted as soon as the
-    compute returns, the receives after that send just before it."""
+    """The action after this one: a send that follows its F or B is posted as soon as the compute returns."""
     posted: set[Action] = field(default_factory=set)
     """Sends and receives already posted by the F or B before them (their own action then does nothing)."""
     computed: dict[tuple[str, int], float] = field(default_factory=dict)

@@ -118,6 +118,11 @@ class WorkerConfig:
     comm_affinity: str = "own"
     """own: the communication threads share the worker's core (they inherit its pinning); any: they may run on
     every core, so a message is taken off the socket on whichever core is free (workloads/commthreads.py)."""
+    sender: str = "thread"
+    """Who writes gloo's sends: `thread` (a sender thread of their own, the receives after a send posted before
+    it: workloads/transport.py SenderThread) or `inline` (the executor's thread, in the schedule's order).
+    Measured side by side at 0 km, real compute (`make bench-overhead COMPARE=sender`, host F+B 3.5 ms): 1f1b's
+    step 0.196 -> 0.178 s with the thread, 1f1b-prefetch 0.185 -> 0.187 s, geopipe 0.162 -> 0.160 s."""
     timeout_s: float = 120.0
     transport: str = TCP.key
     """tcp (gloo) or rdma (workloads/rdma over this host's rxe device: `rdma_device`, `rdma_gid_index`)."""
@@ -265,6 +270,9 @@ class RankTrace:
     message_cost_s: list[float] = field(default_factory=list)
     """Per link between stage s and s+1: the transport's cost per activation-sized message beyond the configured
     delay and transfer, probed by ping-pong at start-up (workloads.worker.probe_message_cost)."""
+    receives_before_sends: bool | None = None
+    """The executor posted the receives that follow an F's or B's send before it (`actions` is in that order);
+    None in traces of releases before it was recorded (there: compute as time did, real mode did not)."""
     dilation: float = 1.0
     """Times here are undilated: the worker ran dilated by this factor and its wall-clock times were divided
     by it (testbed/run/dilation.py); 1.0: as measured."""
@@ -272,6 +280,11 @@ class RankTrace:
     @property
     def steady(self) -> list[IterationRecord]:
         return [it for it in self.iterations if not it.warmup]
+
+    @property
+    def posted_receives_first(self) -> bool:
+        """Whether `actions` has the receives after a send before it (older traces: with compute as time)."""
+        return self.config.timed if self.receives_before_sends is None else self.receives_before_sends
 
     def to_json(self) -> dict[str, Any]:
         return {"config": self.config.to_json(), "schedule": self.schedule, "rank": self.rank,
@@ -281,7 +294,7 @@ class RankTrace:
                 "reference_compute_s": list(self.reference_compute_s), "budget_bytes": self.budget_bytes,
                 "compute_spread": list(self.compute_spread), "transport_detail": dict(self.transport_detail),
                 "message_cost_s": list(self.message_cost_s), "dilation": self.dilation,
-                "reference_cpu_s": list(self.reference_cpu_s)}
+                "reference_cpu_s": list(self.reference_cpu_s), "receives_before_sends": self.receives_before_sends}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankTrace:
@@ -296,7 +309,8 @@ class RankTrace:
                    budget_bytes=data.get("budget_bytes"), compute_spread=list(data.get("compute_spread", [])),
                    transport_detail=dict(data.get("transport_detail", {})), dilation=float(data.get("dilation", 1.0)),
                    message_cost_s=list(data.get("message_cost_s", [])),
-                   reference_cpu_s=list(data.get("reference_cpu_s", [])))
+                   reference_cpu_s=list(data.get("reference_cpu_s", [])),
+                   receives_before_sends=data.get("receives_before_sends"))
 
 
 def start_offsets(ranks: list[RankTrace]) -> list[float] | None:

@@ -157,11 +157,13 @@ class OursRun:
 
     def trace(self) -> RankTrace:
         return RankTrace(config=self.cfg, schedule=self.name, rank=self.cfg.rank, iterations=self.iterations,
-                         actions=[str(a) for a in self.schedule[self.cfg.rank]], geopipe_sizing=self.geo,
+                         actions=[str(a) for a in self.executor.posting_order(self.schedule[self.cfg.rank])],
+                         geopipe_sizing=self.geo,
                          activation_bytes=self.executor.act_bytes, transport=self.transport.name,
                          reference_compute_s=self.reference, budget_bytes=self.executor.budget_bytes,
                          compute_spread=self.spread, transport_detail=self.detail, message_cost_s=self.message_cost,
-                         reference_cpu_s=self.reference_cpu)
+                         reference_cpu_s=self.reference_cpu,
+                         receives_before_sends=self.transport.receives_before_sends)
 
 
 class TorchRun:

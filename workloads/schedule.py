@@ -160,6 +160,31 @@ def from_text(text: str) -> Schedule:
     return [[Action.parse(t) for t in line.split()] for line in text.strip().splitlines()]
 
 
+def posting_order(actions: list[Action], receives_before_sends: bool) -> list[Action]:
+    """One rank's actions in the order an executor posts them: as scheduled, or, where its transport asks for it
+    (workloads/transport.py: `Transport.receives_before_sends`), with the receives that follow an F's or B's own
+    send moved before that send (a receive's post never waits, and its notice then leaves ahead of the data).
+    The executor runs this list and the trace records it, so the models replay what ran."""
+    if not receives_before_sends:
+        return list(actions)
+    out: list[Action] = []
+    i = 0
+    while i < len(actions):
+        a = actions[i]
+        out.append(a)
+        i += 1
+        own_send = {Op.FORWARD: Op.SEND_F, Op.BACKWARD: Op.SEND_B}.get(a.op)
+        if own_send is None or i >= len(actions) or actions[i] != Action(own_send, a.mb):
+            continue
+        send = actions[i]
+        i += 1
+        while i < len(actions) and actions[i].op in (Op.RECV_F, Op.RECV_B):
+            out.append(actions[i])
+            i += 1
+        out.append(send)
+    return out
+
+
 class ScheduleError(TestbedError, ValueError):
     """A schedule that cannot run: names the rank, the position and what is wrong."""
 

@@ -153,13 +153,13 @@ def _reference(cfg: WorkerConfig, runs: list[OursRun | TorchRun]) -> None:
 
 
 def open_transport(cfg: WorkerConfig, message_bytes: int) -> tuple[Any, dict[str, Any]]:
-    """gloo over TCP, or RDMA queue pairs to the neighbouring ranks sized from the path between them. With compute
-    as time gloo's sends are posted from a thread of their own (workloads/transport.py: SenderThread)."""
+    """gloo over TCP, or RDMA queue pairs to the neighbouring ranks sized from the path between them. gloo's sends
+    are posted from a thread of their own (workloads/transport.py: SenderThread) unless `cfg.sender` is inline."""
     from workloads.transport import GlooTransport, RdmaTransport, SenderThread
 
     if cfg.transport != RDMA.key or not any(s not in TORCH_SCHEDULES for s in cfg.schedules):
-        if cfg.timed:
-            return SenderThread(GlooTransport()), {"sends": "posted from a sender thread (compute as time)"}
+        if cfg.sender == "thread":
+            return SenderThread(GlooTransport()), {"sends": "posted from a sender thread"}
         return GlooTransport(), {}
     from workloads.rdma.endpoint import LinkParams
 

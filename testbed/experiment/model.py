@@ -55,6 +55,9 @@ class StageTimes:
     (the executor's and the sender thread's own time; it delays the message, not the device)."""
     recv_lag_s: list[float] | None = None
     """Compute as time, per stage: the median time from its compute before a receive to the receive's post."""
+    receives_first: bool | None = None
+    """The executor posted the receives after a send before it (RankTrace.receives_before_sends); None: as
+    `timed` (inputs of releases before it was recorded)."""
     start_offset_s: list[float] | None = None
     """Per stage: the median of its iteration's start minus stage 0's (the start barrier crosses the links, so
     later stages begin up to a link delay earlier and their first receives are posted before stage 0 starts)."""
@@ -95,7 +98,8 @@ def stage_times(ranks: list[RankTrace]) -> StageTimes:
     per_link = [max(0.0, c) for c in ranks[0].message_cost_s] or None
     return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch, reference, samples, cost,
                       per_link, list(table.rate_scale) if table and table.rate_scale else None, ranks[0].config.timed,
-                      _median_lags(ranks, "send_lag_s"), _median_lags(ranks, "recv_lag_s"), start_offsets(ranks))
+                      _median_lags(ranks, "send_lag_s"), _median_lags(ranks, "recv_lag_s"),
+                      receives_first=ranks[0].posted_receives_first, start_offset_s=start_offsets(ranks))
 
 
 def _median_lags(ranks: list[RankTrace], field: str) -> list[float] | None:
@@ -132,7 +136,8 @@ def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: l
                            activation_bytes=times.activation_bytes, forward_s=times.forward_s,
                            backward_s=times.backward_s, stash_bytes=times.stash_bytes, budget_bytes=budgets,
                            samples=times.samples, message_overhead_s=overhead)
-    sched = S.build(schedule.removeprefix("torch-"), stages, microbatches, geo)
+    first = times.timed if times.receives_first is None else times.receives_first
+    sched = [S.posting_order(acts, first) for acts in S.build(schedule.removeprefix("torch-"), stages, microbatches, geo)]
     per_link = times.message_cost_per_link_s if message_overhead_s is None else None
     costs = Costs(times.forward_s, times.backward_s, link_delay_s, bytes_per_s, times.activation_bytes,
                   max(times.stash_bytes), overhead, None if times.timed else times.dispatch_s,

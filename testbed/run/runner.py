@@ -132,6 +132,8 @@ class RunOptions:
     """The workers' communication threads: normal, or realtime (SCHED_FIFO; workloads/commthreads.py)."""
     comm_affinity: str = "own"
     """The workers' communication threads: on the worker's own core, or on any core (workloads/commthreads.py)."""
+    sender: str = "thread"
+    """Who writes gloo's sends (workloads/records.py WorkerConfig.sender): thread or inline."""
     dilation: str = DEFAULT_DILATION
     """Time dilation (testbed/run/dilation.py): off, auto (k from the workers' caps) or a factor."""
     sweep: LinkSweep | None = None
@@ -174,6 +176,8 @@ class RunOptions:
             raise RunError(f"--comm-priority {self.comm_priority!r}: use normal or realtime")
         if self.comm_affinity not in ("own", "any"):
             raise RunError(f"comm_affinity {self.comm_affinity!r}: use own or any")
+        if self.sender not in ("thread", "inline"):
+            raise RunError(f"sender {self.sender!r}: use thread or inline")
         if self.microbatches < 1 or self.microbatch_size < 1 or self.iterations < 1:
             raise RunError("--microbatches, --microbatch-size and --iterations must be at least 1")
 
@@ -323,6 +327,7 @@ def _run_workers(backend: Backend, schedules: list[str], options: RunOptions, ho
                 seed=options.seed, out_dir=str(out_dir), cpu=rank % cpus,
                 cgroup=str(caps[rank].procs) if caps else "", comm_cgroup=str(caps[rank].threads) if caps else "",
                 comm_priority=options.comm_priority, comm_affinity=options.comm_affinity,
+                sender=options.sender,
                 timeout_s=max(60.0, options.hang_timeout_s),
                 dump_gradients=options.dump_gradients, transport=transport.name, rdma_slots=options.rdma_slots,
                 rdma_mtu=transport.path_rdma_mtu, rdma_device=transport.devices[rank].name if transport.devices else "",
