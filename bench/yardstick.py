@@ -11,7 +11,11 @@ is under 10 ms here) and prints, from the same launches:
 - each schedule's bubble (1 - yardstick / step) against the launch's own reference in wall time (the stated one),
   in CPU time, and against the least sample, median [min - max] over the launches; the ideal pipeline's own
   bubble (fill and drain: what no host can remove);
-- the breakdown of the step beyond the ideal pipeline (medians over the launches): which part 2 cores cannot lose.
+- the bubble of the ideal pipeline on these cores: each stage's compute measured while one step's messages cross
+  beside it with no schedule (workloads/runs.py: measure_loaded_reference), on the configured links: the
+  messages' CPU shares the 2 cores with the compute in any schedule;
+- the breakdown of the step beyond the ideal pipeline (medians over the launches): which part 2 cores cannot lose
+  (the ideal pipeline on these cores above the ideal one) and the rest, the testbed's own.
 
     .venv/bin/python bench/yardstick.py [--repetitions 3] [--microbatches 32] [--layers 2]
 """
@@ -103,11 +107,15 @@ def report(launches: list[tuple[Path, RunSummary]], schedules: list[str], microb
         old = [statistics.mean(1 - ref / s.step_time_s for ref in least) for s in runs]
         ideal = [statistics.mean(1 - st.reference_s / s.breakdown.ideal_step_s for st in s.breakdown.stages)
                  for s in runs if s.breakdown and s.breakdown.ideal_step_s]
+        cores = [statistics.mean(1 - st.reference_s / max(s.breakdown.ideal_step_s, s.breakdown.cores_ideal_step_s)
+                                 for st in s.breakdown.stages)
+                 for s in runs if s.breakdown and s.breakdown.ideal_step_s and s.breakdown.cores_ideal_step_s]
+        own = [s.bubble_ratio for s in runs if s.bubble_ratio is not None]
         rows.append([schedule, spread(stated), spread(by_cpu) if by_cpu else "-", spread(old),
-                     spread(ideal) if ideal else "-", spread([s.bubble_ratio for s in runs if s.bubble_ratio is not None]),
+                     spread(ideal) if ideal else "-", spread(cores) if cores else "-", spread(own),
                      spread([s.step_time_s * 1e3 for s in runs], "{:.0f}")])
     out.append(table.render(["schedule", "bubble vs stated (wall)", "vs CPU reference", "vs least sample (old)",
-                             "ideal pipeline's own", "vs own spans", "step ms"], rows,
+                             "ideal pipeline's own", "ideal on these cores", "vs own spans", "step ms"], rows,
                             "\nthe 0 km bubble, median [min - max] over the launches"))
     columns = [(schedule, [run.schedules[k].breakdown for _, run in launches if run.schedules[k].breakdown])
                for k, schedule in enumerate(schedules)]

@@ -135,3 +135,54 @@ def test_traces_without_per_span_clocks_have_no_breakdown() -> None:
         for it in t.iterations:
             it.spans = [Span(s.kind, s.mb, s.start, s.end) for s in it.spans]
     assert breakdown(old, [0.0], [1e9]) is None
+
+
+def _loaded(factor: float, **faults: float) -> Breakdown:
+    """Like _split, each stage's loaded reference (compute with the step's messages alongside) `factor` x its
+    reference."""
+    ranks = [_trace(0, **faults), _trace(1, **faults)]
+    for r in ranks:
+        r.reference_loaded_s = [factor * M * (F + B), 1.4 * factor * M * (F + B)]      # the least counts
+    result = breakdown(ranks, [0.0], [1e9])
+    assert result is not None
+    return result
+
+
+def test_the_cores_share_is_the_ideal_pipeline_on_the_loaded_compute() -> None:
+    """Compute 10 % slower with the messages alongside: the ideal pipeline on these cores is the same schedule
+    simulated with every F and B 10 % longer; its excess over the ideal step is the cores' share of the own
+    cost, the rest is the testbed's, and the two add up to the own cost."""
+    from workloads.schedule import Action, posting_order
+    from workloads.simulate import Costs, simulate
+
+    split = _loaded(1.1, runq=0.01, gap=0.002)
+    ranks = [_trace(0), _trace(1)]
+    schedule = [posting_order([Action.parse(a) for a in r.actions], False) for r in ranks]
+    f, b = [], []
+    for _ in ranks:                                   # the spans' F:B split, as the breakdown takes it
+        share = (F + 0.01) / (F + B + 0.02)
+        f.append(1.1 * (F + B) * share)
+        b.append(1.1 * (F + B) * (1 - share))
+    expected = simulate(schedule, Costs(f, b, [0.0], [1e9 / 8], 131072, 0, 0.0, None, start_s=[0.0, 0.0]))
+    assert split.cores_ideal_step_s == pytest.approx(expected.iteration_s, abs=1e-9)
+    assert split.ideal_step_s is not None and split.cores_ideal_step_s > split.ideal_step_s + 0.01
+    assert split.cores_cannot_lose_s == pytest.approx(split.cores_ideal_step_s - split.ideal_step_s, abs=1e-9)
+    assert split.overhead_s is not None and split.own_beyond_cores_s is not None
+    assert split.cores_cannot_lose_s + split.own_beyond_cores_s == pytest.approx(split.overhead_s, abs=1e-9)
+    assert Breakdown.from_json(split.to_json()).cores_ideal_step_s == split.cores_ideal_step_s
+
+
+def test_the_cores_share_never_exceeds_the_own_cost_nor_goes_negative() -> None:
+    """A run with a small own cost whose loaded compute was 30 % slower: the schedule served the messages in
+    its idle time, so the cores' share is the own cost, not the 45 ms the loaded ideal step is longer; a loaded
+    reference faster than the clean one: no share, the own cost is all the testbed's."""
+    small = _loaded(1.3, wait=0.04, gap=0.001)
+    assert small.overhead_s is not None and 0 < small.overhead_s < 0.02
+    assert small.cores_cannot_lose_s == pytest.approx(small.overhead_s) and small.own_beyond_cores_s == pytest.approx(0.0)
+    faster = _loaded(0.9, runq=0.004)
+    assert faster.cores_cannot_lose_s == 0.0 and faster.own_beyond_cores_s == faster.overhead_s
+
+
+def test_without_a_loaded_reference_there_is_no_cores_share() -> None:
+    split = _split(runq=0.004)
+    assert split.cores_ideal_step_s is None and split.cores_cannot_lose_s is None and split.own_beyond_cores_s is None

@@ -270,6 +270,11 @@ class RankTrace:
     message_cost_s: list[float] = field(default_factory=list)
     """Per link between stage s and s+1: the transport's cost per activation-sized message beyond the configured
     delay and transfer, probed by ping-pong at start-up (workloads.worker.probe_message_cost)."""
+    reference_loaded_s: list[float] = field(default_factory=list)
+    """Real compute: the same pass as `reference_compute_s` while one step's messages cross alongside, posted
+    after each micro-batch and waited for only after the pass (workloads/runs.py: measure_loaded_reference), wall
+    seconds, every pass (several before and after the timed iterations): the compute on these cores with the
+    step's traffic and no schedule."""
     receives_before_sends: bool | None = None
     """The executor posted the receives that follow an F's or B's send before it (`actions` is in that order);
     None in traces of releases before it was recorded (there: compute as time did, real mode did not)."""
@@ -294,7 +299,8 @@ class RankTrace:
                 "reference_compute_s": list(self.reference_compute_s), "budget_bytes": self.budget_bytes,
                 "compute_spread": list(self.compute_spread), "transport_detail": dict(self.transport_detail),
                 "message_cost_s": list(self.message_cost_s), "dilation": self.dilation,
-                "reference_cpu_s": list(self.reference_cpu_s), "receives_before_sends": self.receives_before_sends}
+                "reference_cpu_s": list(self.reference_cpu_s), "receives_before_sends": self.receives_before_sends,
+                "reference_loaded_s": list(self.reference_loaded_s)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankTrace:
@@ -310,7 +316,8 @@ class RankTrace:
                    transport_detail=dict(data.get("transport_detail", {})), dilation=float(data.get("dilation", 1.0)),
                    message_cost_s=list(data.get("message_cost_s", [])),
                    reference_cpu_s=list(data.get("reference_cpu_s", [])),
-                   receives_before_sends=data.get("receives_before_sends"))
+                   receives_before_sends=data.get("receives_before_sends"),
+                   reference_loaded_s=list(data.get("reference_loaded_s", [])))
 
 
 def start_offsets(ranks: list[RankTrace]) -> list[float] | None:

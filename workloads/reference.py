@@ -10,13 +10,20 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from workloads.threadclock import ThreadClock
+
 
 def reference_compute_s(chunks: Sequence[nn.Module], firsts: Sequence[bool], lasts: Sequence[bool],
                         microbatches: int, activation_shape: tuple[int, ...],
                         inputs: list[torch.Tensor], targets: list[torch.Tensor],
-                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
+                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                        between: Callable[[int], None] | None = None) -> float:
     """Seconds of F+B for `microbatches` micro-batches through every chunk this rank holds (one per virtual
-    stage), inputs made locally; gradients are cleared afterwards (nothing of it reaches training)."""
+    stage), inputs made locally; gradients are cleared afterwards (nothing of it reaches training).
+    `between(mb)`, where given, runs after each micro-batch (the loaded reference posts that micro-batch's
+    messages there): its own work is left out, the time the thread waited for its core meanwhile (other threads,
+    e.g. the sender thread it woke, held it: schedstat's run-queue delay) is counted."""
+    clock = ThreadClock()
     gen = torch.Generator().manual_seed(0)
     received = torch.randn(activation_shape, generator=gen)
     upstream = torch.randn(activation_shape, generator=gen)
@@ -31,5 +38,10 @@ def reference_compute_s(chunks: Sequence[nn.Module], firsts: Sequence[bool], las
             else:
                 torch.autograd.backward(out, upstream)
             total += time.perf_counter() - t0
+            if between is not None:             # its own work is not the compute's; the core taken from it meanwhile is
+                before = clock.now()
+                between(mb)
+                total += clock.now().runq - before.runq
         chunk.zero_grad(set_to_none=True)
+    clock.close()
     return total

@@ -72,6 +72,8 @@ class OursRun:
         self.spread: list[float] = []
         self.reference: list[float] = []
         self.reference_cpu: list[float] = []
+        self.reference_loaded: list[float] = []
+        """The compute alone while one step's messages cross alongside, wall seconds (measure_loaded_reference)."""
         self.iterations: list[IterationRecord] = []
 
     @property
@@ -163,7 +165,8 @@ class OursRun:
                          reference_compute_s=self.reference, budget_bytes=self.executor.budget_bytes,
                          compute_spread=self.spread, transport_detail=self.detail, message_cost_s=self.message_cost,
                          reference_cpu_s=self.reference_cpu,
-                         receives_before_sends=self.transport.receives_before_sends)
+                         receives_before_sends=self.transport.receives_before_sends,
+                         reference_loaded_s=self.reference_loaded)
 
 
 class TorchRun:
@@ -235,6 +238,44 @@ def measure_reference(cfg: WorkerConfig, run: OursRun | TorchRun) -> tuple[float
                                cfg.microbatches, activation_shape(cfg), list(x.chunk(cfg.microbatches)),
                                list(y.chunk(cfg.microbatches)), loss_fn)
     return wall, time.thread_time() - cpu
+
+
+LOADED_TAG = 1 << 20
+"""Tags of the loaded reference's messages, clear of the schedules' (2 x micro-batch + direction)."""
+
+
+def measure_loaded_reference(cfg: WorkerConfig, run: OursRun) -> tuple[float, float]:
+    """The same pass as `measure_reference` while one step's messages cross alongside: after each micro-batch's
+    F+B the rank posts a receive from each neighbour and a send of an activation-sized message to each (through
+    the run's transport, as the pipeline posts its own), and waits for them only after the pass, so no compute
+    waits on a message. Its wall time is the stage's compute on these cores with the step's traffic, and no
+    schedule: (wall seconds of its F and B, the thread's CPU seconds)."""
+    import torch
+    import torch.distributed as dist
+
+    from workloads.model import loss_fn
+    from workloads.reference import reference_compute_s
+
+    x, y = data_for(cfg).next()
+    shape = activation_shape(cfg)
+    peers = [p for p in (cfg.rank - 1, cfg.rank + 1) if 0 <= p < cfg.world]
+    payload = {p: torch.zeros(shape) for p in peers}
+    into = {p: torch.empty(shape) for p in peers}
+    works: list[Any] = []
+
+    def exchange(mb: int) -> None:
+        works.extend(run.transport.irecv(into[p], p, LOADED_TAG + 2 * mb + int(p < cfg.rank)) for p in peers)
+        works.extend(run.transport.isend(payload[p], p, LOADED_TAG + 2 * mb + int(p > cfg.rank)) for p in peers)
+
+    dist.barrier()
+    cpu = time.thread_time()
+    wall = reference_compute_s(run.chunks, [cfg.rank == 0], [cfg.rank == cfg.world - 1], cfg.microbatches, shape,
+                               list(x.chunk(cfg.microbatches)), list(y.chunk(cfg.microbatches)), loss_fn, exchange)
+    cpu = time.thread_time() - cpu
+    for work in works:
+        work.wait()
+    dist.barrier()
+    return wall, cpu
 
 
 def refuse_deadlock(schedule: Any, cfg: WorkerConfig, compute_s: list[float], activation_bytes: int) -> None:

@@ -24,7 +24,7 @@ from workloads.hostcpu import HostCpu
 from workloads.layouts import TORCH_SCHEDULES, stage_layout
 from workloads.probe import probe_message_cost
 from workloads.records import RDMA, WorkerConfig
-from workloads.runs import OursRun, TorchRun, activation_shape, log, measure_reference
+from workloads.runs import OursRun, TorchRun, activation_shape, log, measure_loaded_reference, measure_reference
 
 
 def main(config_path: str) -> int:
@@ -141,15 +141,26 @@ class LinkSwitch:
         self.current = index
 
 
+LOADED_PASSES = 2
+"""Loaded reference passes each time the reference is measured: the breakdown takes the least (the messages'
+least toll on the compute; the rest of a run's cost stays the testbed's own)."""
+
+
 def _reference(cfg: WorkerConfig, runs: list[OursRun | TorchRun]) -> None:
-    """One reference per model layout (runs with the same layout compute the same), given to every run."""
+    """One reference per model layout (runs with the same layout compute the same), given to every run; in real
+    mode also the loaded one (the same pass with one step's messages crossing alongside) to our schedules."""
     by_layout: dict[str, tuple[float, float]] = {}
+    loaded: list[float] | None = None
     for run in runs:
         layout = stage_layout(run.name)
         if layout not in by_layout:
             by_layout[layout] = measure_reference(cfg, run)
         run.reference.append(by_layout[layout][0])
         run.reference_cpu.append(by_layout[layout][1])
+        if isinstance(run, OursRun) and not cfg.timed:
+            if loaded is None:
+                loaded = [measure_loaded_reference(cfg, run)[0] for _ in range(LOADED_PASSES)]
+            run.reference_loaded.extend(loaded)
 
 
 def open_transport(cfg: WorkerConfig, message_bytes: int) -> tuple[Any, dict[str, Any]]:

@@ -146,10 +146,29 @@ class Breakdown:
     """The simulator's step with the reference compute and the configured links: the testbed costing nothing."""
     cpu: list[CpuShare] = field(default_factory=list)
     cpus: int = 0
+    cores_ideal_step_s: float | None = None
+    """The ideal pipeline on these cores: the same simulation with each stage's compute as measured while one
+    step's messages cross alongside with no schedule (RankTrace.reference_loaded_s, the least of its passes):
+    the messages' CPU (gloo's threads, the kernel's path, softirqs) must share the cores with the compute, in
+    any schedule. None: not measured (compute as time, traces of older releases)."""
 
     @property
     def overhead_s(self) -> float | None:
         return None if self.ideal_step_s is None else self.step_s - self.ideal_step_s
+
+    @property
+    def cores_cannot_lose_s(self) -> float | None:
+        """Of the own cost, the cores' share: the ideal pipeline on these cores beyond the ideal pipeline, at most
+        the own cost (a schedule with idle time can serve some messages there) and never negative."""
+        if self.cores_ideal_step_s is None or self.ideal_step_s is None or self.overhead_s is None:
+            return None
+        return min(max(0.0, self.overhead_s), max(0.0, self.cores_ideal_step_s - self.ideal_step_s))
+
+    @property
+    def own_beyond_cores_s(self) -> float | None:
+        """The own cost beyond the cores' share: the testbed's (executor, waits, preemption beyond the messages')."""
+        share = self.cores_cannot_lose_s
+        return None if share is None or self.overhead_s is None else self.overhead_s - share
 
     def ranked(self) -> list[tuple[str, float]]:
         """The parts beyond the ideal pipeline, mean over stages, largest first (seconds per step)."""
@@ -159,13 +178,15 @@ class Breakdown:
     def to_json(self) -> dict[str, Any]:
         return {"stages": [s.to_json() for s in self.stages], "step_s": self.step_s, "ideal_step_s": self.ideal_step_s,
                 "overhead_s": self.overhead_s, "cpu": [asdict(c) for c in self.cpu], "cpus": self.cpus,
+                "cores_ideal_step_s": self.cores_ideal_step_s, "cores_cannot_lose_s": self.cores_cannot_lose_s,
+                "own_beyond_cores_s": self.own_beyond_cores_s,
                 "ranked": [[name, value] for name, value in self.ranked()]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Breakdown:
         return cls(stages=[StageBreakdown.from_json(s) for s in data["stages"]], step_s=data["step_s"],
                    ideal_step_s=data.get("ideal_step_s"), cpu=[CpuShare(**c) for c in data.get("cpu", [])],
-                   cpus=int(data.get("cpus", 0)))
+                   cpus=int(data.get("cpus", 0)), cores_ideal_step_s=data.get("cores_ideal_step_s"))
 
 
 def step_of(its: list[IterationRecord]) -> float:
@@ -188,9 +209,12 @@ def breakdown(ranks: list[RankTrace], link_delay_s: list[float], link_rate_bps: 
     origins = [ranks[0].iterations[i].start for i in steady]
     step = statistics.mean(steps)
     stages = [_stage(r, [r.iterations[i] for i in steady], steps, origins) for r in ranks]
-    ideal = _ideal(ranks, stages, link_delay_s, link_rate_bps, receiver_driven)
+    ideal = _ideal(ranks, [st.reference_s for st in stages], link_delay_s, link_rate_bps, receiver_driven)
+    cores = (_ideal(ranks, [min(r.reference_loaded_s) for r in ranks], link_delay_s, link_rate_bps,
+                    receiver_driven) if all(r.reference_loaded_s for r in ranks) else None)
     result = Breakdown(stages=stages, step_s=step, ideal_step_s=ideal.iteration_s if ideal else None,
-                       cpu=_ledger(ranks, steady), cpus=_cpus(ranks, steady))
+                       cpu=_ledger(ranks, steady), cpus=_cpus(ranks, steady),
+                       cores_ideal_step_s=cores.iteration_s if cores else None)
     if ideal is not None:
         for s, st in enumerate(stages):
             st.ideal_wait_s = ideal.exposed_comm_s[s]
@@ -235,11 +259,11 @@ def _stage(rank: RankTrace, its: list[IterationRecord], steps: list[float], orig
         compute_cpu_s=cpu, reference_cpu_s=reference_cpu, reference_wall_s=reference)
 
 
-def _ideal(ranks: list[RankTrace], stages: list[StageBreakdown], link_delay_s: list[float],
+def _ideal(ranks: list[RankTrace], reference_s: list[float], link_delay_s: list[float],
            link_rate_bps: list[float], receiver_driven: bool) -> Any:
-    """The schedule the ranks ran, simulated with each stage's reference compute (split into F and B as its
-    spans were) on the configured links, each stage starting as it did against stage 0 (the start barrier),
-    with no per-message or executor cost."""
+    """The schedule the ranks ran (in the order they posted it), simulated with each stage's reference compute
+    per step (split into F and B as its spans were) on the configured links, each stage starting as it did
+    against stage 0 (the start barrier), with no per-message or executor cost."""
     try:
         schedule = [[S.Action.parse(a) for a in r.actions] for r in ranks]
     except ValueError:
@@ -247,10 +271,10 @@ def _ideal(ranks: list[RankTrace], stages: list[StageBreakdown], link_delay_s: l
     if not all(schedule):
         return None
     fwd, bwd = [], []
-    for r, st in zip(ranks, stages, strict=True):
+    for r, reference in zip(ranks, reference_s, strict=True):
         f = statistics.mean(it.forward_s or 0.0 for it in r.steady)
         b = statistics.mean(it.backward_s or 0.0 for it in r.steady)
-        per_mb = st.reference_s / max(1, r.config.microbatches)
+        per_mb = reference / max(1, r.config.microbatches)
         share = f / (f + b) if f + b > 0 else 0.5
         fwd.append(per_mb * share)
         bwd.append(per_mb * (1 - share))
@@ -333,6 +357,10 @@ def render(name: str, split: Breakdown) -> str:
     ideal = (f"ideal step {split.ideal_step_s * 1e3:.0f} ms, measured {split.step_s * 1e3:.0f} ms: the testbed's own "
              f"cost {split.overhead_s * 1e3:+.0f} ms ({split.overhead_s / split.step_s:.1%} of the step)"
              if split.ideal_step_s is not None and split.overhead_s is not None else "no ideal step (not simulated)")
+    if split.cores_ideal_step_s is not None and split.cores_cannot_lose_s is not None:
+        ideal += (f"; on these cores, with the step's messages crossing beside the compute, the ideal step is "
+                  f"{split.cores_ideal_step_s * 1e3:.0f} ms: {split.cores_cannot_lose_s * 1e3:.0f} ms of the own cost "
+                  f"no schedule on these cores can lose")
     out = [table.render(head, rows, title=f"{name}: where the step went ({ideal})")]
     if split.cpu:
         out.append(table.render(
@@ -356,10 +384,20 @@ def side_by_side(columns: list[tuple[str, list[Breakdown]]]) -> tuple[list[str],
     rows = [["step", *(cell(med([b.step_s for b in bs]), False) for _, bs in columns)],
             ["ideal step (reference compute, configured links)",
              *(cell(med([b.ideal_step_s for b in bs]), False) for _, bs in columns)],
-            ["the testbed's own cost", *(cell(med([b.overhead_s for b in bs])) for _, bs in columns)]]
+            ["the testbed's own cost", *(cell(med([b.overhead_s for b in bs])) for _, bs in columns)],
+            ["ideal step on these cores (compute measured with the step's messages alongside)",
+             *(cell(med([b.cores_ideal_step_s for b in bs]), False) for _, bs in columns)],
+            ["  of the own cost, the cores' share (messages' CPU beside the compute)",
+             *(cell(med([b.cores_cannot_lose_s for b in bs])) for _, bs in columns)],
+            ["  of the own cost, the rest (the testbed's: executor, waits, ...)",
+             *(cell(med([b.own_beyond_cores_s for b in bs])) for _, bs in columns)]]
     for part in COMPONENTS:
         rows.append([f"  {LABELS[part]}", *(cell(med([statistics.mean(st.component(part) for st in b.stages)
                                                        for b in bs])) for _, bs in columns)])
+        if part == "executor_s":        # the rest of it waited for the core at the spans' edges (other threads)
+            rows.append(["    of which the executor's own CPU",
+                         *(cell(med([statistics.mean(st.executor_cpu_s for st in b.stages) for b in bs]))
+                           for _, bs in columns)])
     rows.append(["  the host ran faster than at its reference (drift)",
                  *(cell(med([statistics.mean(st.host_drift_s for st in b.stages) for b in bs])) for _, bs in columns)])
     rows.append(["delay daemons' CPU (of all cores)",
