@@ -42,12 +42,14 @@ def test_undilate_divides_wall_times_and_keeps_the_parts_adding_up() -> None:
                          wait_s=0.0, forward_s=0.025, main_cpu_s=0.016, main_runq_s=0.008)
     trace = RankTrace(config=WorkerConfig(rank=0, world=2, master_addr="x", master_port=1, schedules=["geopipe"]),
                       schedule="geopipe", rank=0, iterations=[it], reference_compute_s=[2.5, 2.4],
+                      reference_loaded_s=[3.0, 2.75],
                       geopipe_sizing=GeoPipeSizing((1, 0), (0, 3), (1, 0), ("hidden", "no link"), (0.0125, 0.0)))
     out = undilate(trace, 1.25)
     s = out.iterations[0].spans[0]
     assert (s.start, s.end, s.cpu_s) == pytest.approx((0.8, 0.82, 0.016))
     assert s.seconds - s.cpu_s - s.runq_s == pytest.approx(0.001 / 1.25)
     assert out.reference_compute_s == pytest.approx([2.0, 1.92]) and out.dilation == 1.25
+    assert out.reference_loaded_s == pytest.approx([2.4, 2.2])
     assert out.iterations[0].compute_s == pytest.approx(0.02) and out.iterations[0].forward_s == pytest.approx(0.02)
     assert out.geopipe_sizing is not None and out.geopipe_sizing.cover_s == pytest.approx((0.01, 0.0))
     assert RankTrace.from_json(out.to_json()).dilation == 1.25

@@ -45,3 +45,25 @@ def test_netem_state_has_no_delay_line(state_dir: Path) -> None:
     Installed("tb", "h2", "eth1", "netem", 1).save()
     back = Installed.load("tb", "h2")
     assert back is not None and back.delay_line is None and back.rules == []
+
+
+def test_a_state_file_survives_its_folder_going_with_another_machines_removal(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Machines that share one filesystem (the test lab's namespaces) share the testbed's state folder, which goes
+    with the last machine's state: when it goes between the mkdir and the write, the write is tried again."""
+    import os
+    import shutil
+
+    target = tmp_path / "tb" / "dc-c-h1.spec.json"
+    real_replace, taken = os.replace, []
+
+    def replace_after_the_folder_went(src: str, dst: str) -> None:
+        if not taken:
+            taken.append(True)
+            shutil.rmtree(target.parent)          # another machine's `remove` took the (then empty) folder
+        real_replace(src, dst)
+
+    monkeypatch.setattr(hostshape.os, "replace", replace_after_the_folder_went)
+    hostshape.write_state_file(target, '{"ok": 1}')
+    assert taken and target.read_text() == '{"ok": 1}'
+    assert [p.name for p in target.parent.iterdir()] == [target.name]

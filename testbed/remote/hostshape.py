@@ -169,11 +169,7 @@ class Installed:
         return STATE_DIR / testbed / f"{host}.json"
 
     def save(self) -> None:
-        path = self.path(self.testbed, self.host)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        os.replace(tmp, path)
+        write_state_file(self.path(self.testbed, self.host), json.dumps(asdict(self), indent=1))
 
     @classmethod
     def load(cls, testbed: str, host: str) -> Installed | None:
@@ -184,6 +180,22 @@ class Installed:
         files = data.pop("files", None)                                  # an older agent's state file
         return cls(**{**data, "rules": [IptablesRule.from_json(r) for r in data.get("rules", [])],
                       "delay_line": DelayLineFiles.from_json(data.get("delay_line", files))})
+
+
+def write_state_file(path: Path, text: str, attempts: int = 5) -> None:
+    """Write `path` whole (a temporary file, then a rename) in the testbed's state folder, creating the folder. The
+    folder goes with the last machine's state (`remove`): where several machines share one filesystem (the test
+    lab's namespaces) another machine's removal can take it between the mkdir and the write, so that is retried."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    for attempt in range(attempts):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text)
+            os.replace(tmp, path)
+            return
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
 
 
 def rule_comment(testbed: str) -> str:
@@ -197,8 +209,7 @@ def apply(shape: HostShape, shaper: type[Shaper]) -> Installed:
     remove(shape.testbed, shape.host)
     installed = Installed(shape.testbed, shape.host, shape.nic, shaper.name, classes=len(shape.egress))
     spec = Installed.path(shape.testbed, shape.host).with_suffix(".spec.json")
-    spec.parent.mkdir(parents=True, exist_ok=True)
-    spec.write_text(json.dumps(shape.to_json()))
+    write_state_file(spec, json.dumps(shape.to_json()))
     installed.spec = str(spec)
     installed.save()                               # before anything: a crash halfway is still removable
     with IPRoute() as ipr:

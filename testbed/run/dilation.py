@@ -203,4 +203,5 @@ def undilate(trace: RankTrace, factor: float) -> RankTrace:
         sizing = dataclasses.replace(sizing, cover_s=tuple(c / k for c in sizing.cover_s))
     return dataclasses.replace(trace, iterations=[iteration(it) for it in trace.iterations], geopipe_sizing=sizing,
                                reference_compute_s=[r / k for r in trace.reference_compute_s],
+                               reference_loaded_s=[r / k for r in trace.reference_loaded_s],
                                compute_spread=[c / k for c in trace.compute_spread], dilation=k)
