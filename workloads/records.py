@@ -121,8 +121,9 @@ class WorkerConfig:
     sender: str = "thread"
     """Who writes gloo's sends: `thread` (a sender thread of their own, the receives after a send posted before
     it: workloads/transport.py SenderThread) or `inline` (the executor's thread, in the schedule's order).
-    Measured side by side at 0 km, real compute (`make bench-overhead COMPARE=sender`, host F+B 3.5 ms): 1f1b's
-    step 0.196 -> 0.178 s with the thread, 1f1b-prefetch 0.185 -> 0.187 s, geopipe 0.162 -> 0.160 s."""
+    Measured side by side, real compute (`make bench-overhead COMPARE=sender`): at 0 km (host F+B 3.5 ms) 1f1b's
+    step 0.196 -> 0.178 s with the thread, 1f1b-prefetch 0.185 -> 0.187 s, geopipe 0.162 -> 0.160 s; at 1000 km
+    1f1b -4.6 %, the overlapping schedules +3.0-3.6 % (docs/breakdown.md)."""
     timeout_s: float = 120.0
     transport: str = TCP.key
     """tcp (gloo) or rdma (workloads/rdma over this host's rxe device: `rdma_device`, `rdma_gid_index`)."""
