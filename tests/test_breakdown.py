@@ -186,3 +186,17 @@ def test_the_cores_share_never_exceeds_the_own_cost_nor_goes_negative() -> None:
 def test_without_a_loaded_reference_there_is_no_cores_share() -> None:
     split = _split(runq=0.004)
     assert split.cores_ideal_step_s is None and split.cores_cannot_lose_s is None and split.own_beyond_cores_s is None
+
+
+def test_the_cores_share_compares_wall_with_wall() -> None:
+    """A clean reference that waited 30 % beyond its CPU for its core (wall 1.3x CPU) and a loaded reference of
+    that same wall time: the messages cost the compute nothing, so the cores' share is 0 (against the ideal
+    step's CPU reference it would come out at 30 % of the compute)."""
+    wall = 1.3 * M * (F + B)
+    ranks = [_trace(r, runq=0.01, reference_waited=0.3 * M * (F + B)) for r in (0, 1)]
+    for r in ranks:
+        r.reference_loaded_s = [wall, 1.2 * wall]
+    split = breakdown(ranks, [0.0], [1e9])
+    assert split is not None and split.overhead_s is not None and split.overhead_s > 0.03
+    assert split.cores_ideal_step_s == pytest.approx(split.cores_base_step_s, abs=1e-9)
+    assert split.cores_cannot_lose_s == 0.0 and split.own_beyond_cores_s == pytest.approx(split.overhead_s)

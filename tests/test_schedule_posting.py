@@ -53,3 +53,15 @@ def test_an_unknown_sender_names_the_choices() -> None:
     with pytest.raises(RunError, match="use thread or inline"):
         RunOptions(schedules=["1f1b"], sender="async")
     assert RunOptions(schedules=["1f1b"]).sender == "thread"
+
+
+def test_the_model_keeps_the_schedules_order_where_our_executor_does_not_post() -> None:
+    """RDMA (sender-driven, no sender thread) and PyTorch's own schedules: the posting order does not apply."""
+    from testbed.experiment.model import StageTimes, predict
+
+    base = dict(forward_s=[0.002, 0.002], backward_s=[0.004, 0.004], activation_bytes=131072,
+                stash_bytes=[1 << 20, 1 << 20])
+    for schedule, transport in (("1f1b", "rdma"), ("torch-1f1b", "tcp")):
+        first, _ = predict(schedule, StageTimes(**base, receives_first=True), 16, [0.0], [1e9], transport=transport)
+        kept, _ = predict(schedule, StageTimes(**base, receives_first=False), 16, [0.0], [1e9], transport=transport)
+        assert first.iteration_s == kept.iteration_s

@@ -182,7 +182,7 @@ class StageExecutor:
         interval = self.compute.backward(kept, grad, ready)
         t1 = it.clock.now()
         it.computed[("B", a.mb)] = it.last_end = t1.wall if interval is None else interval.end
-        # the stash is free once B returns (receives posted early below count on it)
+        # the stash is free once B returns (the receives posted after it count on it)
         self._account(it, -kept.bytes - (self.act_bytes if self.rank < self.stages - 1 else 0))
         if it.ahead[:1] == [Action(Op.SEND_B, a.mb)]:      # its message leaves before the span's bookkeeping
             self._post_b(it, a.mb, it.stash.pop(a.mb))
@@ -211,7 +211,7 @@ class _Iteration:
     ahead: list[Action] = field(default_factory=list)
     """The action after this one: a send that follows its F or B is posted as soon as the compute returns."""
     posted: set[Action] = field(default_factory=set)
-    """Sends and receives already posted by the F or B before them (their own action then does nothing)."""
+    """Sends already posted by the F or B before them (their own action then does nothing)."""
     computed: dict[tuple[str, int], float] = field(default_factory=dict)
     """When each F and B ended, by (kind, micro-batch) (the device's deadline with compute as time)."""
     last_end: float = 0.0

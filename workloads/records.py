@@ -164,9 +164,11 @@ class WorkerConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkerConfig:
-        """Also reads configurations of 0.2 (one `schedule`)."""
+        """Also reads configurations of 0.2 (one `schedule`), and of releases before `sender` (they sent from a
+        thread with compute as time only)."""
         budget = data.get("memory_budget")
         known = {k: v for k, v in data.items() if k != "schedule"}
+        known.setdefault("sender", "thread" if data.get("compute", "real") != "real" else "inline")
         return cls(**{**known, "schedules": list(data.get("schedules", [data.get("schedule")])),
                       "memory_budget": None if budget is None else MemoryBudget.parse(budget),
                       "model": GPTConfig(**data.get("model", {})),
@@ -289,7 +291,9 @@ class RankTrace:
 
     @property
     def posted_receives_first(self) -> bool:
-        """Whether `actions` has the receives after a send before it (older traces: with compute as time)."""
+        """Whether the executor posted the receives after a send before it (older traces: it did with compute as
+        time, and their `actions` is then the schedule's order; `schedule.posting_order` is idempotent, so replaying
+        `posting_order(actions, this)` is right for both)."""
         return self.config.timed if self.receives_before_sends is None else self.receives_before_sends
 
     def to_json(self) -> dict[str, Any]:

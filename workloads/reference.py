@@ -17,12 +17,13 @@ def reference_compute_s(chunks: Sequence[nn.Module], firsts: Sequence[bool], las
                         microbatches: int, activation_shape: tuple[int, ...],
                         inputs: list[torch.Tensor], targets: list[torch.Tensor],
                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                        between: Callable[[int], None] | None = None) -> float:
+                        between: Callable[[int], None] | None = None, between_cpu_counts: bool = False) -> float:
     """Seconds of F+B for `microbatches` micro-batches through every chunk this rank holds (one per virtual
     stage), inputs made locally; gradients are cleared afterwards (nothing of it reaches training).
     `between(mb)`, where given, runs after each micro-batch (the loaded reference posts that micro-batch's
-    messages there): its own work is left out, the time the thread waited for its core meanwhile (other threads,
-    e.g. the sender thread it woke, held it: schedstat's run-queue delay) is counted."""
+    messages there): the time the thread waited for its core meanwhile (other threads, e.g. the sender thread it
+    woke, held it: schedstat's run-queue delay) is counted, and its own CPU only where `between_cpu_counts` (a
+    transport that writes each send in the posting thread: the kernel's send path runs there)."""
     clock = ThreadClock()
     gen = torch.Generator().manual_seed(0)
     received = torch.randn(activation_shape, generator=gen)
@@ -41,7 +42,8 @@ def reference_compute_s(chunks: Sequence[nn.Module], firsts: Sequence[bool], las
             if between is not None:             # its own work is not the compute's; the core taken from it meanwhile is
                 before = clock.now()
                 between(mb)
-                total += clock.now().runq - before.runq
+                after = clock.now()
+                total += after.runq - before.runq + (after.cpu - before.cpu if between_cpu_counts else 0.0)
         chunk.zero_grad(set_to_none=True)
     clock.close()
     return total

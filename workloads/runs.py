@@ -249,12 +249,14 @@ def measure_loaded_reference(cfg: WorkerConfig, run: OursRun) -> tuple[float, fl
     F+B the rank posts a receive from each neighbour and a send of an activation-sized message to each (through
     the run's transport, as the pipeline posts its own), and waits for them only after the pass, so no compute
     waits on a message. Its wall time is the stage's compute on these cores with the step's traffic, and no
-    schedule: (wall seconds of its F and B, the thread's CPU seconds)."""
+    schedule (workloads/reference.py: the posting's own CPU counts only where the sends are written in this
+    thread): (wall seconds of its F and B with the core waited for meanwhile, the thread's CPU over the pass)."""
     import torch
     import torch.distributed as dist
 
     from workloads.model import loss_fn
     from workloads.reference import reference_compute_s
+    from workloads.transport import SenderThread
 
     x, y = data_for(cfg).next()
     shape = activation_shape(cfg)
@@ -270,7 +272,8 @@ def measure_loaded_reference(cfg: WorkerConfig, run: OursRun) -> tuple[float, fl
     dist.barrier()
     cpu = time.thread_time()
     wall = reference_compute_s(run.chunks, [cfg.rank == 0], [cfg.rank == cfg.world - 1], cfg.microbatches, shape,
-                               list(x.chunk(cfg.microbatches)), list(y.chunk(cfg.microbatches)), loss_fn, exchange)
+                               list(x.chunk(cfg.microbatches)), list(y.chunk(cfg.microbatches)), loss_fn, exchange,
+                               between_cpu_counts=not isinstance(run.transport, SenderThread))
     cpu = time.thread_time() - cpu
     for work in works:
         work.wait()

@@ -95,6 +95,7 @@ def run_interleaved(cfg: WorkerConfig) -> list[Any]:
             run.iteration(0)
     everything = [run for group in runs for run in group]
     _reference(cfg, everything)
+    _loaded_reference(runs, switch)
     for it in range(1, cfg.iterations + 1):
         for index in _abba(list(range(len(configs))), it):
             switch.to(index)
@@ -103,6 +104,7 @@ def run_interleaved(cfg: WorkerConfig) -> list[Any]:
     for run in everything:
         run.finish()
     _reference(cfg, everything)
+    _loaded_reference(runs, switch)
     transport.barrier()                  # every rank is done sending before any closes its queue pairs
     transport.close()
     return [run.trace() for run in everything]
@@ -147,19 +149,27 @@ least toll on the compute; the rest of a run's cost stays the testbed's own)."""
 
 
 def _reference(cfg: WorkerConfig, runs: list[OursRun | TorchRun]) -> None:
-    """One reference per model layout (runs with the same layout compute the same), given to every run; in real
-    mode also the loaded one (the same pass with one step's messages crossing alongside) to our schedules."""
+    """One reference per model layout (runs with the same layout compute the same), given to every run."""
     by_layout: dict[str, tuple[float, float]] = {}
-    loaded: list[float] | None = None
     for run in runs:
         layout = stage_layout(run.name)
         if layout not in by_layout:
             by_layout[layout] = measure_reference(cfg, run)
         run.reference.append(by_layout[layout][0])
         run.reference_cpu.append(by_layout[layout][1])
-        if isinstance(run, OursRun) and not cfg.timed:
-            if loaded is None:
-                loaded = [measure_loaded_reference(cfg, run)[0] for _ in range(LOADED_PASSES)]
+
+
+def _loaded_reference(settings: list[list[OursRun | TorchRun]], switch: LinkSwitch) -> None:
+    """Real compute: under each link setting in turn (the messages' cost on the cores depends on the links), the
+    loaded reference (one stage's pass with one step's messages crossing beside it) LOADED_PASSES times, given
+    to that setting's runs of ours (their model layout is one chunk a rank, the same for all of them)."""
+    for index, runs in enumerate(settings):
+        ours = [run for run in runs if isinstance(run, OursRun)]
+        if not ours or ours[0].cfg.timed:
+            continue
+        switch.to(index)
+        loaded = [measure_loaded_reference(ours[0].cfg, ours[0])[0] for _ in range(LOADED_PASSES)]
+        for run in ours:
             run.reference_loaded.extend(loaded)
 
 

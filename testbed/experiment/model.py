@@ -137,6 +137,7 @@ def predict(schedule: str, times: StageTimes, microbatches: int, link_delay_s: l
                            backward_s=times.backward_s, stash_bytes=times.stash_bytes, budget_bytes=budgets,
                            samples=times.samples, message_overhead_s=overhead)
     first = times.timed if times.receives_first is None else times.receives_first
+    first = first and not schedule.startswith("torch-") and TRANSPORTS[transport].receiver_driven    # our executor over gloo
     sched = [S.posting_order(acts, first) for acts in S.build(schedule.removeprefix("torch-"), stages, microbatches, geo)]
     per_link = times.message_cost_per_link_s if message_overhead_s is None else None
     costs = Costs(times.forward_s, times.backward_s, link_delay_s, bytes_per_s, times.activation_bytes,

@@ -151,6 +151,11 @@ class Breakdown:
     step's messages cross alongside with no schedule (RankTrace.reference_loaded_s, the least of its passes):
     the messages' CPU (gloo's threads, the kernel's path, softirqs) must share the cores with the compute, in
     any schedule. None: not measured (compute as time, traces of older releases)."""
+    cores_base_step_s: float | None = None
+    """What the cores' ideal step is compared with: the same simulation on each stage's clean reference in wall
+    time, the stated yardstick (the mean of its passes; the loaded one is wall time too, its least pass: the
+    comparison leans towards the testbed's own cost, never towards the cores'). The ideal step's reference is CPU
+    time."""
 
     @property
     def overhead_s(self) -> float | None:
@@ -160,9 +165,10 @@ class Breakdown:
     def cores_cannot_lose_s(self) -> float | None:
         """Of the own cost, the cores' share: the ideal pipeline on these cores beyond the ideal pipeline, at most
         the own cost (a schedule with idle time can serve some messages there) and never negative."""
-        if self.cores_ideal_step_s is None or self.ideal_step_s is None or self.overhead_s is None:
+        base = self.ideal_step_s if self.cores_base_step_s is None else self.cores_base_step_s
+        if self.cores_ideal_step_s is None or base is None or self.overhead_s is None:
             return None
-        return min(max(0.0, self.overhead_s), max(0.0, self.cores_ideal_step_s - self.ideal_step_s))
+        return min(max(0.0, self.overhead_s), max(0.0, self.cores_ideal_step_s - base))
 
     @property
     def own_beyond_cores_s(self) -> float | None:
@@ -178,7 +184,8 @@ class Breakdown:
     def to_json(self) -> dict[str, Any]:
         return {"stages": [s.to_json() for s in self.stages], "step_s": self.step_s, "ideal_step_s": self.ideal_step_s,
                 "overhead_s": self.overhead_s, "cpu": [asdict(c) for c in self.cpu], "cpus": self.cpus,
-                "cores_ideal_step_s": self.cores_ideal_step_s, "cores_cannot_lose_s": self.cores_cannot_lose_s,
+                "cores_ideal_step_s": self.cores_ideal_step_s, "cores_base_step_s": self.cores_base_step_s,
+                "cores_cannot_lose_s": self.cores_cannot_lose_s,
                 "own_beyond_cores_s": self.own_beyond_cores_s,
                 "ranked": [[name, value] for name, value in self.ranked()]}
 
@@ -186,7 +193,8 @@ class Breakdown:
     def from_json(cls, data: dict[str, Any]) -> Breakdown:
         return cls(stages=[StageBreakdown.from_json(s) for s in data["stages"]], step_s=data["step_s"],
                    ideal_step_s=data.get("ideal_step_s"), cpu=[CpuShare(**c) for c in data.get("cpu", [])],
-                   cpus=int(data.get("cpus", 0)), cores_ideal_step_s=data.get("cores_ideal_step_s"))
+                   cpus=int(data.get("cpus", 0)), cores_ideal_step_s=data.get("cores_ideal_step_s"),
+                   cores_base_step_s=data.get("cores_base_step_s"))
 
 
 def step_of(its: list[IterationRecord]) -> float:
@@ -210,11 +218,15 @@ def breakdown(ranks: list[RankTrace], link_delay_s: list[float], link_rate_bps: 
     step = statistics.mean(steps)
     stages = [_stage(r, [r.iterations[i] for i in steady], steps, origins) for r in ranks]
     ideal = _ideal(ranks, [st.reference_s for st in stages], link_delay_s, link_rate_bps, receiver_driven)
-    cores = (_ideal(ranks, [min(r.reference_loaded_s) for r in ranks], link_delay_s, link_rate_bps,
-                    receiver_driven) if all(r.reference_loaded_s for r in ranks) else None)
+    cores = base = None
+    if all(r.reference_loaded_s for r in ranks):      # wall against wall: the loaded pass's least, the stated yardstick
+        cores = _ideal(ranks, [min(r.reference_loaded_s) for r in ranks], link_delay_s, link_rate_bps, receiver_driven)
+        base = _ideal(ranks, [statistics.mean(r.reference_compute_s) for r in ranks], link_delay_s, link_rate_bps,
+                      receiver_driven)
     result = Breakdown(stages=stages, step_s=step, ideal_step_s=ideal.iteration_s if ideal else None,
                        cpu=_ledger(ranks, steady), cpus=_cpus(ranks, steady),
-                       cores_ideal_step_s=cores.iteration_s if cores else None)
+                       cores_ideal_step_s=cores.iteration_s if cores else None,
+                       cores_base_step_s=base.iteration_s if base else None)
     if ideal is not None:
         for s, st in enumerate(stages):
             st.ideal_wait_s = ideal.exposed_comm_s[s]
@@ -265,7 +277,7 @@ def _ideal(ranks: list[RankTrace], reference_s: list[float], link_delay_s: list[
     per step (split into F and B as its spans were) on the configured links, each stage starting as it did
     against stage 0 (the start barrier), with no per-message or executor cost."""
     try:
-        schedule = [[S.Action.parse(a) for a in r.actions] for r in ranks]
+        schedule = [S.posting_order([S.Action.parse(a) for a in r.actions], r.posted_receives_first) for r in ranks]
     except ValueError:
         return None
     if not all(schedule):
