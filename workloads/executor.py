@@ -21,9 +21,6 @@ from workloads.stagecompute import Arithmetic, Interval, Stashed, Timed
 from workloads.threadclock import ThreadClock, ThreadTimes
 from workloads.transport import Transport, Work
 
-LOOKAHEAD = 1
-"""How far past an action the executor looks: for the send that follows an F or B, posted as it returns."""
-
 
 def tag_of(direction: str, mb: int) -> int:
     return 2 * mb + (0 if direction == "F" else 1)
@@ -102,8 +99,8 @@ class StageExecutor:
             it = _Iteration(clock, IterationTrace(start=begin.wall), inputs, targets, last_end=begin.wall)
             self.compute.start_iteration(begin.wall)
             for i, a in enumerate(actions):
-                it.action, it.ahead = a, actions[i + 1:i + 1 + LOOKAHEAD]
-                if a in it.posted:                  # a receive or send its F or B already posted
+                it.action, it.following = a, actions[i + 1] if i + 1 < len(actions) else None
+                if a in it.posted:                  # a send its F or B already posted
                     it.posted.discard(a)
                     continue
                 self.handlers[a.op](it, a)
@@ -154,9 +151,9 @@ class StageExecutor:
         kept, loss, interval = self.compute.forward(a.mb, x, it.inputs, it.targets, ready)
         t1 = it.clock.now()
         it.computed[("F", a.mb)] = it.last_end = t1.wall if interval is None else interval.end
-        if it.ahead[:1] == [Action(Op.SEND_F, a.mb)]:      # its message leaves before the span's bookkeeping
+        if it.following == Action(Op.SEND_F, a.mb):       # its message leaves before the span's bookkeeping
             self._post_f(it, a.mb, kept)
-            it.posted.add(it.ahead[0])
+            it.posted.add(it.following)
         it.span("F", a.mb, t0, interval, t1)
         it.stash[a.mb] = kept
         it.trace.stash_bytes.append(kept.bytes)
@@ -184,9 +181,9 @@ class StageExecutor:
         it.computed[("B", a.mb)] = it.last_end = t1.wall if interval is None else interval.end
         # the stash is free once B returns (the receives posted after it count on it)
         self._account(it, -kept.bytes - (self.act_bytes if self.rank < self.stages - 1 else 0))
-        if it.ahead[:1] == [Action(Op.SEND_B, a.mb)]:      # its message leaves before the span's bookkeeping
+        if it.following == Action(Op.SEND_B, a.mb):       # its message leaves before the span's bookkeeping
             self._post_b(it, a.mb, it.stash.pop(a.mb))
-            it.posted.add(it.ahead[0])
+            it.posted.add(it.following)
         it.span("B", a.mb, t0, interval, t1)
         kept.bytes = 0
 
@@ -208,7 +205,7 @@ class _Iteration:
     inputs: list[torch.Tensor] | None
     targets: list[torch.Tensor] | None
     action: Action | None = None
-    ahead: list[Action] = field(default_factory=list)
+    following: Action | None = None
     """The action after this one: a send that follows its F or B is posted as soon as the compute returns."""
     posted: set[Action] = field(default_factory=set)
     """Sends already posted by the F or B before them (their own action then does nothing)."""

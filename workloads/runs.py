@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -219,9 +220,11 @@ class TorchRun:
                          reference_cpu_s=self.reference_cpu)
 
 
-def measure_reference(cfg: WorkerConfig, run: OursRun | TorchRun) -> tuple[float, float]:
+def measure_reference(cfg: WorkerConfig, run: OursRun | TorchRun, between: Callable[[int], None] | None = None,
+                      between_cpu_counts: bool = False) -> tuple[float, float]:
     """This rank's uncontended compute (workloads/reference.py) through `run`'s chunks, all ranks at once after
-    a barrier: (wall seconds of its F and B, the thread's CPU seconds over the pass)."""
+    a barrier: (wall seconds of its F and B, the thread's CPU seconds over the pass). `between` runs after each
+    micro-batch (reference_compute_s says what of it counts)."""
     import torch.distributed as dist
 
     from workloads.model import loss_fn
@@ -236,7 +239,7 @@ def measure_reference(cfg: WorkerConfig, run: OursRun | TorchRun) -> tuple[float
     cpu = time.thread_time()
     wall = reference_compute_s(run.chunks, [i == 0 for i in run.indices], [i == total - 1 for i in run.indices],
                                cfg.microbatches, activation_shape(cfg), list(x.chunk(cfg.microbatches)),
-                               list(y.chunk(cfg.microbatches)), loss_fn)
+                               list(y.chunk(cfg.microbatches)), loss_fn, between, between_cpu_counts)
     return wall, time.thread_time() - cpu
 
 
@@ -244,41 +247,35 @@ LOADED_TAG = 1 << 20
 """Tags of the loaded reference's messages, clear of the schedules' (2 x micro-batch + direction)."""
 
 
-def measure_loaded_reference(cfg: WorkerConfig, run: OursRun) -> tuple[float, float]:
-    """The same pass as `measure_reference` while one step's messages cross alongside: after each micro-batch's
-    F+B the rank posts a receive from each neighbour and a send of an activation-sized message to each (through
-    the run's transport, as the pipeline posts its own), and waits for them only after the pass, so no compute
-    waits on a message. Its wall time is the stage's compute on these cores with the step's traffic, and no
-    schedule (workloads/reference.py: the posting's own CPU counts only where the sends are written in this
-    thread): (wall seconds of its F and B with the core waited for meanwhile, the thread's CPU over the pass)."""
+def measure_loaded_reference(cfg: WorkerConfig, run: OursRun) -> float:
+    """The pass of `measure_reference` while one step's messages cross alongside: after each micro-batch's F+B
+    the rank posts a receive from each neighbour and a send of an activation-sized message to each (through the
+    run's transport, as the pipeline posts its own), and waits for them only after the pass, so no compute waits
+    on a message. Its wall time (with the core waited for meanwhile; the posting's own CPU only where the
+    transport writes the sends in this thread) is the stage's compute on these cores with the step's traffic and
+    no schedule."""
     import torch
     import torch.distributed as dist
 
-    from workloads.model import loss_fn
-    from workloads.reference import reference_compute_s
-    from workloads.transport import SenderThread
+    from workloads.executor import tag_of
 
-    x, y = data_for(cfg).next()
     shape = activation_shape(cfg)
     peers = [p for p in (cfg.rank - 1, cfg.rank + 1) if 0 <= p < cfg.world]
     payload = {p: torch.zeros(shape) for p in peers}
     into = {p: torch.empty(shape) for p in peers}
     works: list[Any] = []
 
-    def exchange(mb: int) -> None:
-        works.extend(run.transport.irecv(into[p], p, LOADED_TAG + 2 * mb + int(p < cfg.rank)) for p in peers)
-        works.extend(run.transport.isend(payload[p], p, LOADED_TAG + 2 * mb + int(p > cfg.rank)) for p in peers)
+    def exchange(mb: int) -> None:         # activations go up the ranks (F), gradients down (B)
+        works.extend(run.transport.irecv(into[p], p, LOADED_TAG + tag_of("F" if p < cfg.rank else "B", mb))
+                     for p in peers)
+        works.extend(run.transport.isend(payload[p], p, LOADED_TAG + tag_of("F" if p > cfg.rank else "B", mb))
+                     for p in peers)
 
-    dist.barrier()
-    cpu = time.thread_time()
-    wall = reference_compute_s(run.chunks, [cfg.rank == 0], [cfg.rank == cfg.world - 1], cfg.microbatches, shape,
-                               list(x.chunk(cfg.microbatches)), list(y.chunk(cfg.microbatches)), loss_fn, exchange,
-                               between_cpu_counts=not isinstance(run.transport, SenderThread))
-    cpu = time.thread_time() - cpu
+    wall, _ = measure_reference(cfg, run, exchange, between_cpu_counts=run.transport.writes_sends_in_caller)
     for work in works:
         work.wait()
     dist.barrier()
-    return wall, cpu
+    return wall
 
 
 def refuse_deadlock(schedule: Any, cfg: WorkerConfig, compute_s: list[float], activation_bytes: int) -> None:

@@ -28,6 +28,10 @@ class Transport(ABC):
     (`--sender inline`): measured on 2 cores at 0 km (bench-yardstick, host F+B 3.5 ms), 1f1b's step was 199 ms
     with the send first and 240 ms with the receives first, the executor's thread writing each send."""
 
+    writes_sends_in_caller: bool = True
+    """Whether `isend` runs the send's path (gloo's socket write, the kernel's path through the veths) in the
+    calling thread; the loaded reference counts that CPU as the messages' (workloads/reference.py)."""
+
     @abstractmethod
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         """Start sending; the tensor must stay alive and unchanged until `wait()` returns."""
@@ -102,6 +106,7 @@ class SenderThread(Transport):
     1.5 %; at 1000 km 1f1b -4.6 %, the overlapping schedules +3.0-3.6 % (`make bench-overhead COMPARE=sender`)."""
 
     receives_before_sends = True
+    writes_sends_in_caller = False
 
     def __init__(self, inner: Transport) -> None:
         self.inner, self.name = inner, inner.name

@@ -168,7 +168,7 @@ def _loaded_reference(settings: list[list[OursRun | TorchRun]], switch: LinkSwit
         if not ours or ours[0].cfg.timed:
             continue
         switch.to(index)
-        loaded = [measure_loaded_reference(ours[0].cfg, ours[0])[0] for _ in range(LOADED_PASSES)]
+        loaded = [measure_loaded_reference(ours[0].cfg, ours[0]) for _ in range(LOADED_PASSES)]
         for run in ours:
             run.reference_loaded.extend(loaded)
 
