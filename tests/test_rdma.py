@@ -11,9 +11,10 @@ import pytest
 from conftest import REPO, netns_with_prefix, run_cli
 
 from testbed.backends import vm
-from testbed.check.rdma import judge_rtt
+from testbed.check.rdma import OwnRoundTrip, judge_rtt
 from testbed.plan import build_plan
 from testbed.rdma import softroce
+from testbed.rdma.probe import ProbeResult
 from testbed.rdma.support import kernel_version, rxe_in_namespaces
 from testbed.run import transport
 from testbed.state.records import RdmaRecord, RxeDevice
@@ -49,16 +50,34 @@ def test_rdma_round_trip_is_judged_on_the_floor_not_the_median() -> None:
     """Readings from the stock-kernel tier under TCG on a 40 ms link: a loaded guest moves the median (a CI run
     read 54.6 ms) but the shortest ping-pong less the probe's own shortest stays near 42 ms and passes; a path
     that skips the delay, or adds one, still fails."""
-    def judge(shortest_ms: float, own_ms: float, *, tcg: bool = True) -> bool:
-        return judge_rtt("a--b", 0.040, shortest_ms / 1e3, own_ms / 1e3, tcg=tcg, where="a-h1", qps=1,
-                         rdma_mtu=4096).ok
+    def judge(shortest_ms: float, own_ms: float, *, tcg: bool = True, spread_ms: float = 0.0) -> bool:
+        return judge_rtt("a--b", 0.040, shortest_ms / 1e3, OwnRoundTrip(own_ms / 1e3, spread_ms / 1e3), tcg=tcg,
+                         where="a-h1", qps=1, rdma_mtu=4096).ok
     assert judge(48.5, 6.5) and judge(50.2, 7.4)       # measured floors (4 rounds): 41.2-43.0 ms after subtraction
     assert not judge(9.0, 6.5)                         # RDMA bypassed the shaped link
     assert not judge(38.0, 1.0)                        # 37 ms: a delay short of the configured one by over 3 %
     assert not judge(62.0, 6.5)                        # every ping-pong 15 ms slow: more than TCG's slack
     assert judge(41.5, 0.2, tcg=False) and not judge(43.5, 0.2, tcg=False)   # a host: 2 ms slack
-    check = judge_rtt("a--b", 0.040, 0.0485, 0.0065, tcg=True, where="a-h1", qps=1, rdma_mtu=4096)
+    check = judge_rtt("a--b", 0.040, 0.0485, OwnRoundTrip(0.0065, 0.0), tcg=True, where="a-h1", qps=1, rdma_mtu=4096)
     assert "shortest of 30 ping-pongs" in check.measured and "(TCG)" in check.expected
+
+
+def test_rdma_round_trip_allows_below_by_the_probes_own_spread_and_no_more() -> None:
+    """A CI run under TCG read the own floor at 11.33 ms and the link at 48.69 ms (37.36 ms for 40 ms): the own
+    floor is one reading of a round trip that spread by several ms there. The lower bound gives way by that
+    spread, measured, and by nothing else: with a quiet probe the same reading fails, and a link without its
+    delay fails whatever the spread."""
+    def judge(shortest_ms: float, own_ms: float, spread_ms: float) -> bool:
+        return judge_rtt("a--b", 0.040, shortest_ms / 1e3, OwnRoundTrip(own_ms / 1e3, spread_ms / 1e3), tcg=True,
+                         where="a-h1", qps=1, rdma_mtu=4096).ok
+    assert judge(48.69, 11.33, 3.0) and not judge(48.69, 11.33, 0.5)
+    assert not judge(20.0, 11.33, 3.0)                                  # half the delay missing
+    assert not judge(36.0, 0.1, 0.05)                                   # a quiet probe resolves 10 % short
+    own = OwnRoundTrip.of(ProbeResult(one_way_s=0.006, one_way_min_s=0.004, one_way_p90_s=0.01, goodput_bps=0,
+                                      bulk_s=0, size=64, count=1, qps=1, rdma_mtu=4096, transfer_s=[]))
+    assert own == OwnRoundTrip(pytest.approx(0.008), pytest.approx(0.004))
+    check = judge_rtt("a--b", 0.040, 0.0485, own, tcg=True, where="a-h1", qps=1, rdma_mtu=4096)
+    assert "-4 ms (the probe's own spread)" in check.expected, check.expected
 
 
 def test_device_names_are_unique_per_testbed_and_short_enough() -> None:

@@ -60,11 +60,16 @@ def check_delays(backend: Backend, probes: int = 10) -> list[Check]:
 
 
 def delay_check(kind: str, subject: str, want: float, floor_s: float, sample: LatencySample, probes: int,
-                 key: str) -> Check:
+                key: str, above_s: float = 0.0) -> Check:
+    """Median within `delay_tolerance` of `want`; `above_s` more allowed above it (time the path costs on this
+    machine that no plan states, measured by the caller), stated in the check."""
     tol = delay_tolerance(want, floor_s, sample.iqr_s)
     got = sample.median_s
-    ok = sample.lost == 0 and not math.isnan(got) and abs(got - want) <= tol
-    return Check(kind, subject, f"{units.format_time(want)} ± {units.format_time(tol)}",
+    ok = sample.lost == 0 and not math.isnan(got) and want - tol <= got <= want + tol + above_s
+    expected = f"{units.format_time(want)} ± {units.format_time(tol)}"
+    if above_s:
+        expected += f" (+{units.format_time(above_s)} the unshaped legs)"
+    return Check(kind, subject, expected,
                  f"{units.format_time(got) if not math.isnan(got) else 'none'} median of {probes}"
                  + (f", {sample.lost} lost" if sample.lost else ""), ok, key=key, value=None if math.isnan(got) else got)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from testbed.backends.vm import in_vm
 from testbed.check.checks import Check
-from testbed.check.rdma import BULK_BYTES, OWN_PINGS, PINGS, judge_rate, judge_rtt
+from testbed.check.rdma import BULK_BYTES, OWN_PINGS, PINGS, OwnRoundTrip, judge_rate, judge_rtt
 from testbed.rdma.probe import ProbeResult
 from testbed.rdma.softroce import rdma_mtu_for
 from testbed.remote.fleet import Fleet, read_line
@@ -80,7 +80,7 @@ def verify_rdma(fleet: Fleet, plan: Any, chosen: list[Machine], devices: list[Rx
         run = probe(fleet, plan, a, b, a_dev, b_dev, mtu, rtt_s)
         own = probe(fleet, plan, a, a, a_dev, a_dev, mtu, 0.001, size=4096, count=1, pings=OWN_PINGS)
         checks.append(judge_rtt(f"{dc_pair(a.dc, b.dc)} {a.name} <-> {b.name}", rtt_s, 2 * run.one_way_min_s,
-                                2 * own.one_way_min_s, tcg=tcg, where=a.name, qps=run.qps, rdma_mtu=run.rdma_mtu))
+                                OwnRoundTrip.of(own), tcg=tcg, where=a.name, qps=run.qps, rdma_mtu=run.rdma_mtu))
         back = probe(fleet, plan, b, a, b_dev, a_dev, mtu, rtt_s, pings=1)
         for src, dst, result in ((a, b, run), (b, a, back)):
             checks.append(judge_rate(f"{src.dc} -> {dst.dc} ({src.name} -> {dst.name})",
