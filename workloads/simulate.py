@@ -20,6 +20,8 @@ blocked rank's next action.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections import deque
 from dataclasses import dataclass, field
 
 from workloads.errors import TestbedError
@@ -102,15 +104,16 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
     sent: dict[tuple[str, int, int], float] = {}       # (dir, receiving stage, mb) -> send time
     arrival: dict[tuple[str, int, int], float] = {}
     notified: dict[tuple[str, int, int], float] = {}    # when a receive's post has reached its sender
-    transfers: dict[tuple[str, int], list[tuple[float, float]]] = {}   # per (dir, receiving stage): (start, end)
+    starts: dict[tuple[str, int], list[float]] = {}    # per (dir, receiving stage): transfers' starts and ends,
+    ends: dict[tuple[str, int], list[float]] = {}      # both rising (one link in program order)
     link_free: dict[tuple[str, int], float] = {}
-    order: dict[tuple[str, int], list[int]] = {}       # sends per (dir, receiving stage), program order
+    order: dict[tuple[str, int], deque[int]] = {}      # sends per (dir, receiving stage), program order
 
     def link_of(direction: str, dst: int) -> int:
         return dst - 1 if direction == "F" else dst
 
     def resolve(direction: str, dst: int) -> None:
-        queue = order.get((direction, dst), [])
+        queue = order.get((direction, dst), deque())
         while queue:
             mb = queue[0]
             key = (direction, dst, mb)
@@ -121,9 +124,10 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
             ready = max(sent[key], notified[key]) if costs.receiver_driven else sent[key]
             start = max(ready, link_free.get((direction, dst), float("-inf")))
             link_free[(direction, dst)] = start + costs.activation_bytes / rate
-            transfers.setdefault((direction, dst), []).append((start, link_free[(direction, dst)]))
+            starts.setdefault((direction, dst), []).append(start)
+            ends.setdefault((direction, dst), []).append(link_free[(direction, dst)])
             arrival[key] = link_free[(direction, dst)] + d + costs.overhead(link)
-            queue.pop(0)
+            queue.popleft()
 
     def step(s: int) -> bool:
         a: Action = schedule[s][pos[s]]
@@ -132,8 +136,8 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
             posted[(direction, s, a.mb)] = clock[s] + (costs.recv_lag_s[s] if costs.recv_lag_s else 0.0)
             # the post's notice travels back on the same connection, behind what this stage is sending there now
             back = ("B", s - 1) if direction == "F" else ("F", s + 1)
-            ahead = max((end for start, end in transfers.get(back, []) if start <= posted[(direction, s, a.mb)]),
-                        default=float("-inf"))
+            before = bisect_right(starts.get(back, []), posted[(direction, s, a.mb)])
+            ahead = ends[back][before - 1] if before else float("-inf")
             link = link_of(direction, s)
             notified[(direction, s, a.mb)] = (max(posted[(direction, s, a.mb)], ahead)
                                               + costs.link_delay_s[link] + costs.overhead(link))
@@ -143,7 +147,7 @@ def simulate(schedule: Schedule, costs: Costs) -> Prediction:
         elif a.op in (Op.SEND_F, Op.SEND_B):
             direction, dst = ("F", s + 1) if a.op is Op.SEND_F else ("B", s - 1)
             sent[(direction, dst, a.mb)] = clock[s] + (costs.send_lag_s[s] if costs.send_lag_s else 0.0)
-            order.setdefault((direction, dst), []).append(a.mb)
+            order.setdefault((direction, dst), deque()).append(a.mb)
             resolve(direction, dst)
         else:
             forward = a.op is Op.FORWARD
