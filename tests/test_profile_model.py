@@ -211,6 +211,8 @@ BAD = [
      "variants.slow.node.tp_eficiency", "unknown key 'tp_eficiency'", "did you mean 'tp_efficiency'?"),
     ("variant-source", lambda r: r.update(variants={"slow": {"node": {"tp_efficiency": {"value": 0.5}}}}),
      "variants.slow.node.tp_efficiency.source", "no source", "say where"),
+    ("variant-tp", lambda r: r.update(variants={"wide": {"node": {"tp": {"value": 16, "source": "x"}}}}),
+     "variants.wide.node.tp", "40 heads do not split over 16 devices", "a tp that divides the heads"),
 ]
 
 
@@ -236,3 +238,16 @@ def test_every_problem_of_a_file_at_once(tmp_path: Path) -> None:
     assert {"node.tp.value", "accelerator.utilisation.value", "node.tp_efficiency.value", "model.heads.source",
             "accelerator.peak_tflop", "accelerator.peak_tflops"} <= keys
     assert err.value.lines()[0] == f"invalid deployment profile {path} ({len(err.value.problems)} problems)"
+
+
+def test_a_chosen_variant_does_not_hide_a_bad_number_of_the_file(tmp_path: Path) -> None:
+    def spoil(raw: dict) -> None:
+        raw["accelerator"]["utilisation"]["value"] = 1.2
+        raw["variants"] = {"fast": {"accelerator": {"utilisation": {"value": 0.9, "source": "x"}}}}
+
+    path = _write(tmp_path / "bad.yaml", "llama2-13b-910b-tp8", spoil)
+    with pytest.raises(ProfileError) as err:
+        load_profile(path, "fast")
+    assert [p.path for p in err.value.problems] == ["accelerator.utilisation.value"]
+    with pytest.raises(ProfileError, match=r"variants: no variant 'fast'; drop '@fast' \(the file has none\)"):
+        load_profile(PROFILES_DIR / "llama2-13b-910b-tp8.yaml", "fast")

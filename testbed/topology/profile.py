@@ -258,13 +258,17 @@ def load_profile(path: str | Path, variant: str = "") -> DeploymentProfile:
         close = difflib.get_close_matches(variant, list(variants), n=1)
         check.add("variants", f"no variant {variant!r}", f"did you mean {close[0]!r}?" if close else
                   ("choose one of: " + ", ".join(variants) if variants else f"drop '@{variant}' (the file has none)"))
-    values, sources = _values({**entries, **variants.get(variant, {})}, check)
-    for entries_of in variants.values():
-        _values(entries_of, check)
+    values, sources = _values(entries, check)
+    _consistent(values, check)
+    restated = {name_of: _values(entries_of, check) for name_of, entries_of in variants.items()}
+    for name_of, (numbers, _) in restated.items():
+        if set(numbers) & SPLITS:
+            _consistent({**values, **numbers}, check, _join("variants", name_of))
+    if variant in restated:
+        values, sources = {**values, **restated[variant][0]}, {**sources, **restated[variant][1]}
     name = top.get("name")
     if not isinstance(name, str) or not name:
         check.add("name", "missing", "name the profile (its file's stem)")
-    _consistent(values, check)
     if check.problems:
         raise ProfileError(source, check.problems)
     return _profile(str(name), _description(top, variant), source, values, sources, variant, tuple(variants))
@@ -360,17 +364,23 @@ def _number(value: Any, where: str, kind: str, check: _Checker) -> float | None:
     return None
 
 
-def _consistent(v: dict[str, float], check: _Checker) -> None:
-    """The shape splits: heads divide hidden, kv heads divide heads, tp divides the heads."""
+SPLITS = {"model.hidden", "model.heads", "model.kv_heads", "node.tp"}
+"""The keys whose values must divide each other."""
+
+
+def _consistent(v: dict[str, float], check: _Checker, within: str = "") -> None:
+    """The shape splits: heads divide hidden, kv heads divide heads, tp divides the heads (`within`: a variant's
+    numbers over the file's)."""
     hidden, heads, kv, tp = (v.get(k) for k in ("model.hidden", "model.heads", "model.kv_heads", "node.tp"))
     if hidden and heads and hidden % heads:
-        check.add("model.heads", f"{heads:g} heads do not divide hidden {hidden:g}",
+        check.add(_join(within, "model.heads"), f"{heads:g} heads do not divide hidden {hidden:g}",
                   "give the published heads (head dim = hidden / heads)")
     if heads and kv and (kv > heads or heads % kv):
-        check.add("model.kv_heads", f"{kv:g} key/value heads do not divide {heads:g} heads",
+        check.add(_join(within, "model.kv_heads"), f"{kv:g} key/value heads do not divide {heads:g} heads",
                   "give the published kv heads (= heads without GQA)")
     if heads and tp and heads % tp:
-        check.add("node.tp", f"{heads:g} heads do not split over {tp:g} devices", "give a tp that divides the heads")
+        check.add(_join(within, "node.tp"), f"{heads:g} heads do not split over {tp:g} devices",
+                  "give a tp that divides the heads")
 
 
 def _description(top: dict[str, Any], variant: str) -> str:
