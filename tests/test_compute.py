@@ -1,5 +1,6 @@
-"""Compute as time, its tables: the shipped deployment profile turns into the stated per-stage costs (layers
-split evenly, the LM head on the last stage only, stash and wire bytes); cost tables round-trip and a bad one
+"""Compute as time, its tables: the shipped deployment profile turns into per-stage costs from its cost model
+at the default shape (layers split evenly, the LM head on the last stage only, stash, resident and wire
+bytes; the formulas themselves in tests/test_profile_model.py); cost tables round-trip and a bad one
 names its file; `--compute` values parse or name the fix; a profile with many problems reports them all;
 rate scales come from the topology across DCs and the profile's fabric within one."""
 
@@ -18,6 +19,12 @@ from workloads.compute import PROFILE, REAL, REPLAY, ComputeError, ComputeMode, 
 
 MS, MIB = 1e-3, 1024**2
 SHIPPED = PROFILES_DIR / "gpt-7b-h100.yaml"
+H, F, V, S = 4096, 11008, 32000, 4096
+P_LAYER = 2 * H * H + 2 * H * 32 * 128 + 3 * H * F        # q, o; k, v (32 kv heads of 128); SwiGLU: 202,375,168
+LAYER_FLOP = 2 * S * P_LAYER + 4 * S * S * H                # b = 1: 1.6579e12 + 0.2749e12 = 1.9327e12
+RATE = 989.4e12 * 0.75                                     # one H100 (tp 1, tp_efficiency 1): 742.05 TFLOPS
+LAYER_F = LAYER_FLOP / RATE                                # 2.6046 ms
+HEAD_F = 2 * S * H * V / RATE                              # 1.0737e12 FLOP: 1.4470 ms
 
 
 @pytest.fixture(scope="module")
@@ -28,11 +35,23 @@ def profile():
 def test_the_shipped_profile_loads_with_its_stated_numbers_and_sources(profile) -> None:
     assert find_profile("gpt-7b-h100") == SHIPPED
     assert profile.name == "gpt-7b-h100" and profile.layers == 32 and profile.microbatch_size == 1
-    assert profile.layer_forward_s == pytest.approx(4.86 * MS) and profile.layer_backward_s == pytest.approx(9.72 * MS)
-    assert profile.head_forward_s == pytest.approx(2.71 * MS) and profile.head_backward_s == pytest.approx(5.42 * MS)
-    assert profile.activation_bytes == 32 * MIB and profile.stash_per_layer_bytes == 544 * MIB
+    assert (profile.hidden, profile.ffn_hidden, profile.heads, profile.kv_heads, profile.vocab) == (H, F, 32, 32, V)
+    assert profile.seq_len == S and profile.tp == 1 and profile.tp_efficiency == 1.0
+    assert profile.peak_flops == pytest.approx(989.4e12) and profile.utilisation == 0.75
+    assert profile.layer_forward_flops(1, S) / profile.stage_rate == pytest.approx(2.6046 * MS, rel=1e-4)
+    assert profile.head_forward_flops(1, S) / profile.stage_rate == pytest.approx(1.4470 * MS, rel=1e-4)
+    assert profile.activation_bytes(1, S) == 32 * MIB and profile.stash_per_layer_bytes(1, S) == 544 * MIB
     assert profile.hbm_bytes == 80 * 10**9 and profile.fabric_rate_bps == 400e9
-    assert len(profile.sources) == 15 and all(profile.sources.values())
+    assert len(profile.sources) == 15 and all(profile.sources.values()) and profile.variants == ("whole-job-mfu",)
+
+
+def _resident(layers: list[int]) -> int:
+    """The largest stage's 16 B per parameter: its layers (weights and two norms), the embedding on the first,
+    the LM head and the final norm on the last."""
+    per_stage = [n * (P_LAYER + 2 * H) for n in layers]
+    per_stage[0] += V * H
+    per_stage[-1] += V * H + H
+    return 16 * max(per_stage)
 
 
 @pytest.mark.parametrize(("stages", "layers"), [(8, [4] * 8), (16, [2] * 16), (5, [7, 7, 6, 6, 6]), (1, [32])])
@@ -44,14 +63,16 @@ def test_table_splits_the_layers_and_puts_the_head_on_the_last_stage_only(profil
     assert len(table.stages) == stages and table.source == "profile:gpt-7b-h100"
     for s, (n, cost) in enumerate(zip(layers, table.stages, strict=True)):
         head = s == stages - 1
-        assert cost.forward.median_s == pytest.approx(n * 4.86 * MS + (2.71 * MS if head else 0), rel=1e-12), s
-        assert cost.backward.median_s == pytest.approx(n * 9.72 * MS + (5.42 * MS if head else 0), rel=1e-12), s
+        assert cost.forward.median_s == pytest.approx(n * LAYER_F + (HEAD_F if head else 0), rel=1e-12), s
+        assert cost.backward.median_s == pytest.approx(2 * (n * LAYER_F + (HEAD_F if head else 0)), rel=1e-12), s
         assert cost.forward.p10_s == cost.forward.p90_s == cost.forward.median_s and cost.forward.samples == 0
         assert cost.stash_bytes == n * 544 * MIB + 2 * 32 * MIB, s
         assert cost.fb_s == pytest.approx(cost.forward.median_s + cost.backward.median_s)
     assert table.activation_bytes == 32 * MIB and table.rate_scale == scale
-    assert table.hbm_bytes == 80 * 10**9 and table.resident_bytes == int(16 * 6.74e9 / stages)
-    assert table.tokens_per_microbatch == 4096
+    assert table.hbm_bytes == 80 * 10**9 and table.resident_bytes == _resident(layers)
+    assert table.tokens_per_microbatch == 4096 and table.microbatch_size == 1
+    if stages == 1:
+        assert table.resident_bytes == 16 * 6_738_415_616                    # all of Llama 2 7B's parameters
 
 
 def test_too_many_stages_for_the_layers_is_a_profile_error(profile) -> None:
@@ -135,21 +156,21 @@ def _write_profile(path: Path, edit) -> Path:
 
 def test_a_profile_with_several_problems_reports_all_of_them_with_file_and_key(tmp_path: Path) -> None:
     def spoil(raw: dict) -> None:
-        del raw["compute"]["layer_backward"]["source"]                      # a number without its source
-        raw["memory"]["activaton_bytes"] = raw["memory"].pop("activation_bytes")   # a typo of a key
-        raw["compute"]["head_forward"]["value"] = "5parsecs"               # a unit that is no time
+        del raw["accelerator"]["utilisation"]["source"]                     # a number without its source
+        raw["memory"]["resident_per_parm"] = raw["memory"].pop("resident_per_param")   # a typo of a key
+        raw["accelerator"]["hbm"]["value"] = "5parsecs"                     # a unit that is no size
         del raw["network"]                                                  # a whole section missing
 
     path = _write_profile(tmp_path / "broken.yaml", spoil)
     with pytest.raises(ProfileError) as err:
         load_profile(path)
     problems = {p.path: p for p in err.value.problems}
-    assert problems["compute.layer_backward.source"].problem == "no source"
-    assert "did you mean 'activation_bytes'?" in problems["memory.activaton_bytes"].fix
-    assert "unknown key 'activaton_bytes'" in problems["memory.activaton_bytes"].problem
-    assert problems["memory.activation_bytes"].problem == "missing"
-    assert "'5parsecs'" in problems["compute.head_forward.value"].problem
-    assert "ms" in problems["compute.head_forward.value"].fix
+    assert problems["accelerator.utilisation.source"].problem == "no source"
+    assert "did you mean 'resident_per_param'?" in problems["memory.resident_per_parm"].fix
+    assert "unknown key 'resident_per_parm'" in problems["memory.resident_per_parm"].problem
+    assert problems["memory.resident_per_param"].problem == "missing"
+    assert "'5parsecs'" in problems["accelerator.hbm.value"].problem
+    assert "MiB" in problems["accelerator.hbm.value"].fix
     assert problems["network"].problem == "missing section" and "fabric_rate" in problems["network"].fix
     lines = str(err.value).splitlines()
     assert len(lines) == len(err.value.problems) == 5

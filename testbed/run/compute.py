@@ -5,7 +5,7 @@ or profile this host themselves (`replay`)."""
 from __future__ import annotations
 
 from testbed.run.summary import StageLink
-from testbed.topology.profile import DeploymentProfile, find_profile, load_profile
+from testbed.topology.profile import DeploymentProfile, resolve_profile
 from workloads.compute import PROFILE, REAL, ComputeError, ComputeMode, CostTable
 
 
@@ -18,7 +18,7 @@ def rate_scales(links: list[StageLink], profile: DeploymentProfile, topology: st
         if real is None:
             raise ComputeError(f"topology {topology}: the OTN path between stage {s} and {s + 1} has a link without "
                                "real_rate; add real_rate: 400G (the deployment's rate) to every link in the file, so "
-                               f"the profile {profile.name}'s messages can be scaled to the emulated rate")
+                               f"the profile {profile.label}'s messages can be scaled to the emulated rate")
         scales.append(real / lk.rate_bps)
     return scales
 
@@ -30,7 +30,7 @@ def run_table(mode: ComputeMode, links: list[StageLink], topology: str) -> CostT
     if mode.kind == REAL or not mode.source:
         return None
     if mode.kind == PROFILE:
-        profile = load_profile(find_profile(mode.source))
+        profile = resolve_profile(mode.source)
         return profile.table(stages, rate_scales(links, profile, topology))
     table = CostTable.load(mode.source)
     if len(table.stages) != stages:
