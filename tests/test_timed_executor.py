@@ -26,8 +26,8 @@ from workloads.transport import LocalHub, LocalTransport
 
 STAGES, M = 4, 8
 SHRINK = 0.5
-"""The profile's 4-stage times (8 layers: ~39 ms F, ~78 ms B) halved to ~20 ms F, ~40 ms B: an iteration of
-~0.7 s, long beside the executor's own hops between threads (~0.1-1 ms each on a busy 2-core host)."""
+"""The profile's 4-stage times at its whole-job-MFU variant (8 layers: ~39 ms F, ~78 ms B) halved to ~20 ms F,
+~40 ms B: an iteration of ~0.7 s, long beside the executor's own hops between threads (~0.1-1 ms each on a busy 2-core host)."""
 EXACT = 1e-9
 
 
@@ -39,7 +39,7 @@ def _shrunk(table: CostTable, k: float) -> CostTable:
 
 
 def _profile_table() -> CostTable:
-    return _shrunk(load_profile(find_profile("gpt-7b-h100")).table(STAGES, [400.0, 4000.0, 400.0]), SHRINK)
+    return _shrunk(load_profile(find_profile("gpt-7b-h100"), "whole-job-mfu").table(STAGES, [400.0, 4000.0, 400.0]), SHRINK)
 
 
 def _hand_table(f: list[float], b: list[float]) -> CostTable:
