@@ -52,6 +52,13 @@ class UsageError(TestbedError):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.tokens is not None:
+        from testbed.run.shapeplan import plan_topology_shapes, render_shape_plans
+
+        tokens = _quantity(units.parse_count, args.tokens, "--tokens")
+        shapes = plan_topology_shapes(str(resolve_topology(args.topology)), args.compute, tokens, stages=args.stages)
+        print(json.dumps(shapes.to_json(), indent=1) if args.json else render_shape_plans(shapes))
+        return 0
     plan = build_plan(load_topology(resolve_topology(args.topology)), args.name)
     if args.json:
         print(json.dumps(plan.to_json(), indent=1))
@@ -489,6 +496,11 @@ def args_doctor(p: argparse.ArgumentParser) -> None:
 def args_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY, help="file or shipped name (topologies/)")
     p.add_argument("--name", help="testbed name (default: the topology's name)")
+    p.add_argument("--tokens", help="the shape plan instead: each schedule's best micro-batch shape (b, s, m = "
+                   "tokens / (b s)) and geopipe's dN at this many tokens per step (e.g. 1Mi, 262144)")
+    p.add_argument("--compute", default="llama2-13b-910b-tp8",
+                   help="with --tokens: the deployment profile (profiles/; NAME or NAME@VARIANT)")
+    p.add_argument("--stages", type=int, help="with --tokens: pipeline stages (default: one per host)")
     _json_arg(p)
 
 

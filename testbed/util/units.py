@@ -95,6 +95,21 @@ def parse_size(text: object) -> int:
     return int(round(value * _SIZE_UNITS[unit]))
 
 
+_COUNT_UNITS: dict[str, int] = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2,
+                                "gi": 1024**3}
+
+
+def parse_count(text: object) -> int:
+    """A whole count of at least 1, such as tokens per step: `262144`, `256Ki`, `1Mi`, `4M`."""
+    value, unit = _split(text, "count", "'1Mi' or 262144")
+    if unit not in _COUNT_UNITS:
+        raise UnitError(f"unknown count unit {unit!r} in {text!r}", "use K, M, G (powers of 1000) or Ki, Mi, Gi")
+    count = value * _COUNT_UNITS[unit]
+    if count < 1 or count != int(count):
+        raise UnitError(f"{text!r} is not a whole count of at least 1", "write it like '1Mi' or 262144")
+    return int(count)
+
+
 def parse_fraction(text: object) -> float:
     """A probability in [0, 1]: `0.1%` or `0.001`."""
     if isinstance(text, str) and text.strip().endswith("%"):
