@@ -417,7 +417,18 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         memory_budget=args.memory_budget, stages=args.stages, placement=args.placement,
         hang_timeout_s=args.hang_timeout, lr=args.lr, seed=args.seed, dump_gradients=args.dump_gradients,
         transport=args.transport, rdma_slots=args.rdma_slots, sender=args.sender, dilation=_dilation(args.dilation),
-        compute=args.compute)
+        compute=args.compute, shape=_shape(args.shape),
+        tokens=_quantity(units.parse_count, args.tokens, "--tokens") if args.tokens else None)
+
+
+def _shape(text: str | None) -> tuple[int, int] | None:
+    """`--shape BxS` -> (b, s)."""
+    if text is None:
+        return None
+    b, x, q = text.strip().lower().partition("x")
+    if not (x and b.isdigit() and q.isdigit() and int(b) > 0 and int(q) > 0):
+        raise UsageError(f"--shape {text!r}: not sequences x tokens", hint="write e.g. --shape 1x1024")
+    return int(b), int(q)
 
 
 def check_training(args: argparse.Namespace) -> None:
@@ -567,6 +578,10 @@ def _training_args(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated: {', '.join(SCHEDULES)}; PyTorch's own: {', '.join(TORCH_SCHEDULES)}")
     p.add_argument("--microbatches", type=int, default=8, help="micro-batches per iteration")
     p.add_argument("--microbatch-size", type=int, default=4, help="sequences per micro-batch")
+    p.add_argument("--tokens", help="tokens per step (e.g. 256Ki): --microbatches derived as tokens / (b s) and "
+                                    "recorded (b s: --shape's, or --microbatch-size x --seq-len)")
+    p.add_argument("--shape", help="with --compute PROFILE: the micro-batch as BxS (sequences x tokens each, e.g. "
+                                   "1x1024; default: the profile's); `testbed plan --tokens` says which is best")
     p.add_argument("--iterations", type=int, default=4, help="timed iterations (after one warm-up)")
     p.add_argument("--layers", type=int, default=4, help="transformer blocks of the model")
     p.add_argument("--width", type=int, default=128, help="the model's embedding width")

@@ -110,3 +110,29 @@ def test_the_cli_prints_the_shape_plan_and_refuses_a_bad_budget() -> None:
     assert "shape plan: gpt-7b-h100 on 3dc-8stages, 8 stages, 65536 tokens" in done.stdout
     bad = run_cli("plan", "3dc-8stages", "--tokens", "64x", check=False)
     assert bad.returncode != 0 and "--tokens" in bad.stderr and "Ki" in bad.stderr
+
+
+def test_a_token_budget_derives_the_microbatch_count_and_is_recorded() -> None:
+    from testbed.run.runner import RunError, RunOptions
+
+    opts = RunOptions(schedules=["geopipe"], compute="llama2-13b-910b-tp8", tokens=2**18, shape=(1, 1024))
+    assert opts.microbatches == 256 and opts.to_json()["tokens"] == 2**18 and opts.to_json()["shape"] == (1, 1024)
+    assert RunOptions(schedules=["1f1b"], compute="llama2-13b-910b-tp8", tokens=2**18).microbatches == 64  # 1 x 4096
+    real = RunOptions(schedules=["1f1b"], tokens=4 * 64 * 32, microbatch_size=4, model={"block_size": 64})
+    assert real.microbatches == 32
+    with pytest.raises(RunError, match=r"--tokens 1000: not a whole number of micro-batches of 4096 tokens"):
+        RunOptions(schedules=["1f1b"], compute="llama2-13b-910b-tp8", tokens=1000)
+    with pytest.raises(RunError, match="deployment profile's"):
+        RunOptions(schedules=["1f1b"], shape=(1, 1024))
+
+
+def test_the_run_table_takes_the_shape() -> None:
+    from testbed.run.compute import run_table
+    from testbed.run.summary import StageLink
+    from workloads.compute import ComputeMode
+
+    links = [StageLink(0.005, 1e9, 400e9)]
+    table = run_table(ComputeMode("profile", "llama2-13b-910b-tp8"), links, "t", (2, 1024))
+    default = run_table(ComputeMode("profile", "llama2-13b-910b-tp8"), links, "t")
+    assert table.tokens_per_microbatch == 2048 and default.tokens_per_microbatch == 4096
+    assert table.activation_bytes == 2 * 1024 * 5120 * 2

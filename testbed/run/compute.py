@@ -23,15 +23,16 @@ def rate_scales(links: list[StageLink], profile: DeploymentProfile, topology: st
     return scales
 
 
-def run_table(mode: ComputeMode, links: list[StageLink], topology: str) -> CostTable | None:
-    """The table the workers replay for `mode` on these stage links (None: real compute, or `replay` profiled
-    by the workers at the start of the run)."""
+def run_table(mode: ComputeMode, links: list[StageLink], topology: str,
+              shape: tuple[int, int] | None = None) -> CostTable | None:
+    """The table the workers replay for `mode` on these stage links, a profile's at micro-batch `shape` (b, s;
+    None: its default) (None: real compute, or `replay` profiled by the workers at the start of the run)."""
     stages = len(links) + 1
     if mode.kind == REAL or not mode.source:
         return None
     if mode.kind == PROFILE:
         profile = resolve_profile(mode.source)
-        return profile.table(stages, rate_scales(links, profile, topology))
+        return profile.table(stages, rate_scales(links, profile, topology), *(shape or (None, None)))
     table = CostTable.load(mode.source)
     if len(table.stages) != stages:
         raise ComputeError(f"{mode.source}: the table has {len(table.stages)} stages, this run {stages}; replay it "

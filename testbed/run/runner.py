@@ -53,7 +53,7 @@ from testbed.shaping.base import Shaper
 from testbed.shaping.registry import daemon_roles, shaper_for
 from testbed.state.records import ProcessRecord
 from testbed.topology import TopologyError
-from testbed.topology.profile import parse_compute
+from testbed.topology.profile import parse_compute, resolve_profile
 from testbed.util import procs, units
 from testbed.util.hostload import LoadMonitor
 from testbed.util.interrupts import cleanup, raise_if_pending
@@ -143,6 +143,11 @@ class RunOptions:
     profile (workloads/compute.py); its text is taken too."""
     events: list[Any] = field(default_factory=list)
     """Link changes and outages at set points of the training (testbed/run/events.py: `At`); not with `sweep`."""
+    shape: tuple[int, int] | None = None
+    """A deployment profile's micro-batch (sequences b, sequence length s); None: the profile's default."""
+    tokens: int | None = None
+    """Tokens per step (the global batch): `microbatches` is derived as tokens / tokens per micro-batch (b * s of
+    the profile's shape, or microbatch_size * the model's sequence length) and recorded; None: `microbatches`."""
 
     def __post_init__(self) -> None:
         if isinstance(self.compute, str):
@@ -180,6 +185,28 @@ class RunOptions:
             raise RunError(f"sender {self.sender!r}: use thread or inline")
         if self.microbatches < 1 or self.microbatch_size < 1 or self.iterations < 1:
             raise RunError("--microbatches, --microbatch-size and --iterations must be at least 1")
+        self._derive_microbatches()
+
+    def tokens_per_microbatch(self) -> int:
+        """b * s of the profile's micro-batch (its `shape`), or microbatch_size * the model's sequence length."""
+        if self.compute.kind == PROFILE:
+            b, s = resolve_profile(self.compute.source).shape(*(self.shape or (None, None)))
+            return b * s
+        return self.microbatch_size * self.model.block_size
+
+    def _derive_microbatches(self) -> None:
+        if self.shape is not None:
+            if self.compute.kind != PROFILE:
+                raise RunError(f"shape {self.shape}: a micro-batch shape (b, s) is a deployment profile's; give "
+                               "--compute PROFILE, or --microbatch-size and --seq-len for the real model")
+            self.shape = (int(self.shape[0]), int(self.shape[1]))
+        if self.tokens is None:
+            return
+        per = self.tokens_per_microbatch()
+        if self.tokens < per or self.tokens % per:
+            raise RunError(f"--tokens {self.tokens}: not a whole number of micro-batches of {per} tokens; give a "
+                           f"multiple of {per} (e.g. {per * 64})")
+        self.microbatches = self.tokens // per
 
     def to_json(self) -> dict[str, Any]:
         """As a run's summary records them (the budget and the compute as their text)."""
@@ -463,7 +490,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     transport = choose_transport(options.transport, plan, backend.state.rdma, hosts, options.schedules)
     log(f"transport {transport.name}: {transport.reason}")
     try:
-        table = run_table(options.compute, stage_links(plan, hosts), plan.topology)
+        table = run_table(options.compute, stage_links(plan, hosts), plan.topology, options.shape)
     except (ComputeError, TopologyError) as exc:
         raise RunError(f"--compute {options.compute.text}: {exc}") from None
     shipped = _user_schedules(options, hosts, plan, table)
