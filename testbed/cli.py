@@ -230,6 +230,36 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_paper(args: argparse.Namespace) -> int:
+    from testbed.experiment.paper import run_paper
+
+    out = run_paper(args.spec)
+    print((out / "report.md").read_text())
+    print(f"results: {out} (report.md, paper.png, summary.json, points.csv)")
+    return 0
+
+
+def args_paper(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topology", nargs="?", default="3dc-8stages", help="file or shipped name (topologies/)")
+    p.add_argument("--compute", default="llama2-13b-910b-tp8", help="the deployment profile (profiles/)")
+    p.add_argument("--tokens", default="256Ki", help="tokens per step, the same for every schedule and shape")
+    p.add_argument("--spines", default="100,400", help="spine rates in Gb/s, comma-separated")
+    p.add_argument("--distances", default="0,1000", help="km per OTN span, comma-separated")
+    p.add_argument("--iterations", type=int, default=2, help="timed iterations per run (after one warm-up)")
+    p.add_argument("--dilation", default="off", help="time dilation: off, auto or a factor (testbed run --help)")
+    p.add_argument("--results", default="results", help="where the experiment's folder goes")
+
+
+def check_paper(args: argparse.Namespace) -> None:
+    from testbed.experiment.paper import PaperSpec
+
+    args.spec = PaperSpec(topology=args.topology, profile=args.compute,
+                          tokens=_quantity(units.parse_count, args.tokens, "--tokens"),
+                          spines_gbps=_numbers(args.spines, "--spines"), distances_km=_numbers(args.distances,
+                                                                                               "--distances"),
+                          iterations=args.iterations, dilation=_dilation(args.dilation), results=args.results)
+
+
 def cmd_cli(args: argparse.Namespace) -> int:
     from testbed.backends.mininet_cli import run_cli
 
@@ -749,6 +779,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("experiment", "the GeoPipe experiment: distance sweep, repetitions, budget sweep, report", args_experiment,
             cmd_experiment, "sudo testbed experiment 2dc-1000km --distances 0,1000 --repetitions 1", needs_root=True,
             check=check_experiment),
+    Command("paper", "GeoPipe's own experiment: each schedule at its planned shape, spine rate x distance, a "
+            "deployment profile as time", args_paper, cmd_paper, "sudo testbed paper --spines 100,400 --distances 0,1000",
+            needs_root=True, check=check_paper),
     Command("remote", "the same experiment on real machines over SSH (an inventory file)", args_remote, cmd_remote,
             "testbed remote cycle lab.yaml --schedule 1f1b,geopipe", check=check_training,
             details="\n".join(f"  {k:<10} {v}" for k, v in REMOTE_ACTIONS.items())),

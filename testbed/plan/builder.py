@@ -123,12 +123,15 @@ class ReshapeError(TestbedError, ValueError):
 
 
 def reshape(direction: LinkDirection, *, delay_s: float | None = None, rate_bps: float | None = None,
-            jitter_s: float | None = None, loss: float | None = None) -> LinkDirection:
-    """A direction with new values (run-time change); queues are re-sized, lossless links refuse loss."""
+            jitter_s: float | None = None, loss: float | None = None,
+            real_rate_bps: float | None = None) -> LinkDirection:
+    """A direction with new values (run-time change); queues are re-sized, lossless links refuse loss.
+    `real_rate_bps`: the deployment's rate the emulated one stands for (compute as time scales messages by it)."""
     d = direction
     new = dataclasses.replace(
         d, delay_s=d.delay_s if delay_s is None else delay_s, rate_bps=d.rate_bps if rate_bps is None else rate_bps,
-        jitter_s=d.jitter_s if jitter_s is None else jitter_s, loss=d.loss if loss is None else loss)
+        jitter_s=d.jitter_s if jitter_s is None else jitter_s, loss=d.loss if loss is None else loss,
+        real_rate_bps=d.real_rate_bps if real_rate_bps is None else real_rate_bps)
     if new.lossless and new.loss:
         raise ReshapeError(f"{d.link} is lossless: it cannot take loss {new.loss:g} (set lossless: false in the "
                          "topology file for fault experiments)")

@@ -6,15 +6,17 @@ recorded beside its measurement."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from testbed.plan import build_plan
-from testbed.run.compute import rate_scales
-from testbed.run.runner import RunOptions, stage_links
+from testbed.plan.model import Plan
+from testbed.run.runner import RunOptions
 from testbed.topology.loader import load_topology
 from testbed.topology.profile import DeploymentProfile, resolve_profile
+from workloads.compute import ComputeError, CostTable
 from workloads.shapes import PLANNED, Links, ShapePlan, ShapeSpace, plan_shapes
 
 
@@ -38,25 +40,39 @@ class ShapePlans:
                 "plans": [p.to_json() for p in self.plans]}
 
 
-def deployment_links(topology: str, profile: DeploymentProfile, stages: int | None = None,
-                     placement: str = "spread") -> tuple[int, Links]:
-    """The stage count (the topology's hosts where not given) and each stage link in the deployment's units."""
-    plan = build_plan(load_topology(topology))
-    options = RunOptions(schedules=["1f1b"], stages=stages or len(plan.hosts), placement=placement)
-    hosts = options.hosts(plan)
-    links = stage_links(plan, hosts)
-    scales = rate_scales(links, profile, topology)
-    return len(hosts), Links([lk.delay_s for lk in links], [lk.rate_bps * k / 8 for lk, k in zip(links, scales,
-                                                                                                  strict=True)])
+def links_of_plan(plan: Plan, profile: DeploymentProfile, stages: int | None = None, *, delay_s: float | None = None,
+                  real_rate_bps: float | None = None) -> tuple[int, Links]:
+    """The stage count (the plan's hosts where not given) and each stage link in the deployment's units: across
+    DCs the OTN hops' delays (`delay_s` per hop where given) and their real rate (`real_rate_bps` where given),
+    within a DC the profile's fabric."""
+    hosts = RunOptions(schedules=["1f1b"], stages=stages or len(plan.hosts)).hosts(plan)
+    delays, rates = [], []
+    for a, b in zip(hosts, hosts[1:], strict=False):
+        if a.dc == b.dc:
+            delays.append(0.0)
+            rates.append(profile.fabric_rate_bps / 8)
+            continue
+        hops = plan.hops(a.dc, b.dc)
+        reals = [real_rate_bps or h.real_rate_bps for h in hops]
+        if None in reals:
+            raise ComputeError(f"topology {plan.topology}: the OTN path {a.dc} -> {b.dc} has a link without real_rate; "
+                               "add real_rate: 400G (the deployment's rate) to every link in the file")
+        delays.append(sum(h.delay_s if delay_s is None else delay_s for h in hops))
+        rates.append(min(r for r in reals if r is not None) / 8)
+    return len(hosts), Links(delays, rates)
+
+
+def profile_costs(profile: DeploymentProfile, stages: int) -> Callable[[int, int], CostTable]:
+    """The profile's cost table at shape (b, s), unscaled (the deployment's own bytes)."""
+    return lambda b, s: profile.table(stages, [], b, s)
 
 
 def plan_topology_shapes(topology: str, compute: str, tokens: int, schedules: tuple[str, ...] = PLANNED,
                          stages: int | None = None, space: ShapeSpace | None = None) -> ShapePlans:
     """Each of `schedules` searched over `space` at `tokens` per step on `topology` with profile `compute`."""
     profile = resolve_profile(compute)
-    count, links = deployment_links(topology, profile, stages)
-    plans = tuple(plan_shapes(s, tokens, lambda b, q: profile.table(count, [], b, q), links, space)
-                  for s in schedules)
+    count, links = links_of_plan(build_plan(load_topology(topology)), profile, stages)
+    plans = tuple(plan_shapes(s, tokens, profile_costs(profile, count), links, space) for s in schedules)
     return ShapePlans(topology, profile.label, tokens, count, links, plans)
 
 

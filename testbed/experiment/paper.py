@@ -1,0 +1,202 @@
+"""GeoPipe's own experiment in its regime (the paper, arXiv 2510.12064: 8 nodes of 8 Ascend 910B over 3 regions,
+TP 8 inside a node and PP 8 across, Llama 2 13B and "72B", the spine port rate swept, a fixed token budget):
+per spine rate and distance, each schedule's micro-batch shape chosen by the shape planner (workloads/shapes.py:
+geopipe's (b, s, dN) and the baselines' best (b, s) at the same token count, under the node's HBM), then run at
+that shape with compute as time from the deployment profile over the emulated links, beside the model.
+
+Each point sets every OTN link of the topology to the distance (5 us/km one way) and the spine rate; the
+emulated rate is the spine over the topology's own scale (real_rate / rate), so a message carries the same
+bytes at every spine and its transfer takes what the spine's would. A schedule runs in a launch of its own (its
+shape is its own). Figures: bubble and iteration time per schedule, geopipe's cut of each against 1F1B, the
+spine past which more rate no longer shortens geopipe's step (the paper's optimisation point), model beside
+measurement at every point.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed.backends.base import Backend
+from testbed.deploy import lifecycle
+from testbed.deploy.linkset import set_link
+from testbed.run.runner import RunOptions, run_schedules
+from testbed.run.shapeplan import links_of_plan, profile_costs
+from testbed.topology.loader import resolve_topology
+from testbed.topology.profile import resolve_profile
+from workloads.shapes import PLANNED, ShapeOutcome, ShapeSpace, plan_shapes
+
+FIBRE_S_PER_KM = 5e-6
+OPTIMUM_GAIN = 0.01
+"""The optimisation point: the lowest spine rate past which doubling it shortens geopipe's step by under 1 %."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PaperSpec:
+    """What the experiment sweeps; the defaults are `make demo`'s figure set."""
+
+    topology: str = "3dc-8stages"
+    profile: str = "llama2-13b-910b-tp8"
+    tokens: int = 2**18
+    """Tokens per step, the same for every schedule and shape (the paper's fixed token count)."""
+    spines_gbps: list[float] = field(default_factory=lambda: [100.0, 400.0])
+    distances_km: list[float] = field(default_factory=lambda: [0.0, 1000.0])
+    schedules: tuple[str, ...] = PLANNED
+    iterations: int = 2
+    dilation: str = "off"
+    microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    seq_lens: tuple[int, ...] = (1024, 2048, 4096)
+    model_spines_gbps: list[float] = field(default_factory=lambda: [12.5, 25, 50, 100, 200, 400, 800, 1600])
+    """Spine rates the model alone covers (the optimisation point's curve)."""
+    results: str = "results"
+
+    @property
+    def space(self) -> ShapeSpace:
+        return ShapeSpace(tuple(self.microbatch_sizes), tuple(self.seq_lens))
+
+
+@dataclass(kw_only=True, slots=True)
+class PaperPoint:
+    """One schedule at one spine rate and distance: its planned shape and the model's and the run's figures."""
+
+    spine_gbps: float
+    distance_km: float
+    schedule: str
+    planned: ShapeOutcome
+    step_s: float | None = None
+    bubble: float | None = None
+    """Measured: 1 - a stage's stated compute (the table's F+B x m) / the step, the mean over stages."""
+    fb_ms: float | None = None
+    """The shape's F+B per micro-batch of the median stage (the deployment's, as the table states it)."""
+    extra_run: list[int] = field(default_factory=list)
+    """geopipe's dN as the workers sized it from their warm-up."""
+    links_on_time: bool | None = None
+    own_cost: float | None = None
+    run_dir: str = ""
+
+    @property
+    def model_error(self) -> float | None:
+        return None if self.step_s is None else self.planned.step_s / self.step_s - 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{k: v for k, v in asdict(self).items() if k != "planned"}, "planned": self.planned.to_json()}
+
+
+def run_paper(spec: PaperSpec, log: Callable[[str], None] = print) -> Path:
+    """Bring the topology up, measure every point, write summary.json, points.csv, report.md and the plot."""
+    out = Path(spec.results) / (time.strftime("%Y%m%d-%H%M%S") + "-paper")
+    out.mkdir(parents=True, exist_ok=True)
+    points: list[PaperPoint] = []
+    topology = str(resolve_topology(spec.topology))
+    try:
+        with lifecycle.testbed_for(topology, name=f"pp{int(time.time()) % 100000}", log=lambda _m: None) as backend:
+            scales = {d.link: (d.real_rate_bps or d.rate_bps) / d.rate_bps for d in backend.state.plan.directions}
+            for spine in spec.spines_gbps:
+                for km in spec.distances_km:
+                    set_spine(backend, scales, spine * 1e9, km)
+                    points += measure_point(backend, spec, spine, km, out, log)
+    finally:
+        write_outputs(out, spec, points, model_curve(spec))
+    return out
+
+
+def set_spine(backend: Backend, scales: dict[str, float], spine_bps: float, km: float) -> None:
+    """Every OTN link at `km` and the spine rate (emulated at spine / the link's scale)."""
+    done = set()
+    for d in backend.state.plan.directions:
+        if d.link not in done:
+            done.add(d.link)
+            set_link(backend, d.src_dc, d.dst_dc, delay_s=km * FIBRE_S_PER_KM, rate_bps=spine_bps / scales[d.link],
+                     real_rate_bps=spine_bps)
+
+
+def measure_point(backend: Backend, spec: PaperSpec, spine: float, km: float, out: Path,
+                  log: Callable[[str], None]) -> list[PaperPoint]:
+    """Plan each schedule's shape at the links as they are, then run it there."""
+    profile = resolve_profile(spec.profile)
+    stages, links = links_of_plan(backend.state.plan, profile)
+    points = []
+    for schedule in spec.schedules:
+        plan = plan_shapes(schedule, spec.tokens, profile_costs(profile, stages), links, spec.space)
+        best = plan.best
+        if best is None:
+            log(f"{spine:g} Gb/s, {km:g} km, {schedule}: no shape fits the HBM")
+            continue
+        point = PaperPoint(spine_gbps=spine, distance_km=km, schedule=schedule, planned=best)
+        run_point(backend, spec, point, stages, out)
+        log(f"{spine:g} Gb/s, {km:g} km, {schedule:13} {best.shape_text}: step {point.step_s:.3f} s "
+            f"(model {best.step_s:.3f} s, {point.model_error:+.1%}), bubble {point.bubble:.3f} "
+            f"(model {best.bubble:.3f})" + (f", dN {point.extra_run}" if point.extra_run else ""))
+        points.append(point)
+    return points
+
+
+def run_point(backend: Backend, spec: PaperSpec, point: PaperPoint, stages: int, out: Path) -> None:
+    """One launch of `point.schedule` at its planned shape, its in-flight memory budget the node's HBM beside the
+    resident state (as the planner's); the measured figures into `point`."""
+    shape = point.planned
+    table = resolve_profile(spec.profile).table(stages, [], shape.microbatch_size, shape.seq_len)
+    hbm_free = (table.hbm_bytes or 0) - (table.resident_bytes or 0)
+    label = f"{point.spine_gbps:g}G-{point.distance_km:g}km-{point.schedule}"
+    opts = RunOptions(schedules=[point.schedule], compute=spec.profile, shape=(shape.microbatch_size, shape.seq_len),
+                      tokens=spec.tokens, iterations=spec.iterations, stages=stages, memory_budget=hbm_free,
+                      dilation=spec.dilation)
+    run_dir, summary = run_schedules(backend, opts, out / "runs", run_id=label, log=lambda _m: None)
+    measured = summary.schedules[0]
+    point.step_s, point.bubble = measured.step_time_s, measured.bubble_vs_reference
+    point.fb_ms = (summary.fb_per_microbatch_s or 0.0) * 1e3
+    point.extra_run = list(measured.geopipe_sizing.extra_inflight) if measured.geopipe_sizing else []
+    point.links_on_time = measured.links_on_time if measured.link_timing else None
+    point.run_dir = str(run_dir)
+
+
+def model_curve(spec: PaperSpec) -> list[dict[str, Any]]:
+    """The model alone over `model_spines_gbps` x the distances: each schedule's best step (its own shape)."""
+    from testbed.plan import build_plan
+    from testbed.topology.loader import load_topology
+
+    profile = resolve_profile(spec.profile)
+    plan = build_plan(load_topology(resolve_topology(spec.topology)))
+    rows = []
+    for km in spec.distances_km:
+        for spine in spec.model_spines_gbps:
+            stages, links = links_of_plan(plan, profile, delay_s=km * FIBRE_S_PER_KM, real_rate_bps=spine * 1e9)
+            for schedule in spec.schedules:
+                best = plan_shapes(schedule, spec.tokens, profile_costs(profile, stages), links,
+                                   spec.space).best
+                rows.append({"distance_km": km, "spine_gbps": spine, "schedule": schedule,
+                             "step_s": best.step_s if best else None, "bubble": best.bubble if best else None})
+    return rows
+
+
+def optimisation_point(curve: list[dict[str, Any]], km: float, schedule: str = "geopipe") -> float | None:
+    """The lowest spine rate past which the next one shortens `schedule`'s modelled step by under OPTIMUM_GAIN."""
+    rows = sorted((r for r in curve if r["distance_km"] == km and r["schedule"] == schedule and r["step_s"]),
+                  key=lambda r: r["spine_gbps"])
+    for a, b in zip(rows, rows[1:], strict=False):
+        if 1 - b["step_s"] / a["step_s"] < OPTIMUM_GAIN:
+            return a["spine_gbps"]
+    return None
+
+
+def write_outputs(out: Path, spec: PaperSpec, points: list[PaperPoint], curve: list[dict[str, Any]]) -> None:
+    """summary.json, points.csv, report.md and paper.png: what was measured, even if it stopped early."""
+    from testbed.experiment.paper_report import plot, report
+
+    (out / "summary.json").write_text(json.dumps({"spec": asdict(spec), "points": [p.to_json() for p in points],
+                                                  "model_curve": curve}, indent=1))
+    with (out / "points.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["spine_gbps", "distance_km", "schedule", "b", "s", "m", "fb_ms", "step_s", "step_model_s",
+                    "bubble", "bubble_model", "dN_planned", "dN_run", "links_on_time"])
+        for p in points:
+            w.writerow([p.spine_gbps, p.distance_km, p.schedule, p.planned.microbatch_size, p.planned.seq_len,
+                        p.planned.microbatches, p.fb_ms, p.step_s, p.planned.step_s, p.bubble, p.planned.bubble,
+                        " ".join(map(str, p.planned.extra)), " ".join(map(str, p.extra_run)), p.links_on_time])
+    (out / "report.md").write_text(report(spec, points, curve))
+    plot(out / "paper.png", spec, points, curve)
