@@ -1,15 +1,19 @@
 """Compute as time's spans tell the truth (workloads/stagecompute.py's Timed, workloads/executor.py): a span keeps
 its planned interval and records when it really woke and ended; after one late wake-up the spans whose deadlines
 passed meanwhile end late too and say so; a message posted after a late span leaves after the span's actual end,
-the lateness in the span and not in the message's lag."""
+the lateness in the span and not in the message's lag; a failed timer-slack setting is said once."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import threading
 import time
 
+import pytest
 import torch
 
+import workloads.stagecompute as stagecompute
 from workloads import schedule as S
 from workloads.compute import CostTable, PhaseCost, StageCost
 from workloads.executor import StageExecutor, tag_of
@@ -130,3 +134,33 @@ def test_a_message_after_a_late_span_leaves_late_and_the_lateness_is_the_spans()
     assert (after.kind, after.mb) == ("B", 0)
     assert after.actual_end >= f1.actual_end and after.late_s >= 0.005, after   # not recorded on time
     assert all(s.late_s == s.actual_end - s.end for s in timed)
+
+
+def test_a_failed_timer_slack_is_said_once_per_process(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """prctl refuses (EPERM): the worker's stderr says so once, however many devices are made; a prctl that
+    works says nothing."""
+    def refusing(*_args) -> int:
+        ctypes.set_errno(errno.EPERM)
+        return -1
+
+    monkeypatch.setattr(stagecompute, "_slack_warned", False)
+    monkeypatch.setattr(stagecompute, "_prctl", lambda: refusing)
+    Timed(_table(0.001, 0.002), 0, 2)
+    assert stagecompute.set_timer_slack_ns(1) is False
+    err = capsys.readouterr().err
+    assert err.count("PR_SET_TIMERSLACK") == 1 and "Operation not permitted" in err, err
+    monkeypatch.setattr(stagecompute, "_slack_warned", False)
+    monkeypatch.setattr(stagecompute, "_prctl", lambda: lambda *_a: 0)
+    assert stagecompute.set_timer_slack_ns(1) is True
+    assert capsys.readouterr().err == ""
+
+
+def test_a_missing_prctl_is_said_too(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def missing():
+        raise AttributeError("undefined symbol: prctl")
+
+    monkeypatch.setattr(stagecompute, "_slack_warned", False)
+    monkeypatch.setattr(stagecompute, "_prctl", missing)
+    assert stagecompute.set_timer_slack_ns(1) is False
+    assert "undefined symbol: prctl" in capsys.readouterr().err

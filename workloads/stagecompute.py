@@ -12,8 +12,9 @@ wake-up the next spans' deadlines may have passed, so they end at once, late, an
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,10 +179,28 @@ class Timed:
         return None
 
 
-def set_timer_slack_ns(ns: int) -> None:
-    """Wake-ups as close to their deadline as the kernel allows (the default slack is 50 us)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
+_slack_warned = False
+"""The timer slack's failure has been said (once per process)."""
+
+
+def _prctl() -> Callable[..., int]:
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def set_timer_slack_ns(ns: int) -> bool:
+    """Wake-ups as close to their deadline as the kernel allows (the default slack is 50 us). Where the kernel
+    refuses, the process's stderr (the worker's log) says so once: its wake-ups keep the default slack."""
+    global _slack_warned
+    try:
+        failed = _prctl()(PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0) != 0
+        why = os.strerror(ctypes.get_errno()) if failed else ""
+    except (OSError, AttributeError) as exc:
+        failed, why = True, str(exc)
+    if failed and not _slack_warned:
+        _slack_warned = True
+        print(f"warning: prctl(PR_SET_TIMERSLACK, {ns}) failed ({why}): timed spans wake with the default timer "
+              "slack (~50 us later)", file=sys.stderr, flush=True)
+    return not failed
 
 
 class _SavedBytes:
