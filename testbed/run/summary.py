@@ -91,7 +91,8 @@ class ScheduleSummary:
     """Every stage's measured in-flight peak stayed within its budget."""
     host_load: HostLoad | None = None
     repeated: int = 0
-    """Times this run was measured again because the host was disturbed (hostload.STEAL_BOUND)."""
+    """Times this run was measured again because the host was disturbed (hostload.STEAL_BOUND) or, with compute as
+    time, its spans were late (testbed/run/lateness.py)."""
     breakdown: Breakdown | None = None
     """Where the step went per stage and who used the CPU (testbed/run/breakdown.py); None for torch-*."""
     link_timing: list[LinkTiming] = field(default_factory=list)
