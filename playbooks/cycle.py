@@ -179,7 +179,7 @@ class Cycle(Fleet):
         measured.host_load = readings.host_load(self, chosen, before, time.monotonic() - began)
         measured.host_load.compute_slowdown = compute_slowdown([measured])
         measured.host_load.judge_drift(host_drift(ranks))
-        return Attempt((ranks, measured), measured.host_load, measured.link_timing, where)
+        return Attempt((ranks, measured), measured.host_load, measured.link_timing, where, measured.late_spans())
 
     def write_timings(self, run_dir: Path) -> None:
         """cycle.json: seconds per step so far and the tree that ran (written again after teardown)."""

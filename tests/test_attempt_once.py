@@ -5,6 +5,7 @@ on the load, the attempt's own folder; the monitor watching the delay daemons of
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +16,7 @@ from conftest import REPO
 from testbed.plan import build_plan
 from testbed.run import runner
 from testbed.run.dilation import Dilation
+from testbed.run.lateness import SpanLateness
 from testbed.run.runner import LinkSweep, RunOptions, SweepPoint
 from testbed.run.summary import ScheduleSummary, StageLink
 from testbed.run.transport import TransportChoice
@@ -26,13 +28,19 @@ class _Stop(Exception):
     """Raised by the scripted best_attempt once it holds attempt_once: the rest of the run is not under test."""
 
 
+LATE = SpanLateness(spans=64, median_s=60e-6, p99_s=1.5e-3, worst_s=6e-3, span_median_s=7e-3)
+"""Compute as time: a stage's spans late beyond their bound (0.35 ms at 7 ms spans)."""
+
+
 def _measured(schedule: str) -> ScheduleSummary:
+    """Figures of one entry; geopipe's timed spans were late on its second stage."""
     return ScheduleSummary(
         schedule=schedule, bubble_ratio=0.1, bubble_ratio_per_stage=[0.1, 0.1], step_time_s=1.0,
         step_time_spread_s=[0.9, 1.1], tokens_per_s=100.0, bubble_ratio_iterations=[[0.1], [0.1]], exposed_comm_s=0.0,
         exposed_comm_s_per_stage=[0.0, 0.0], compute_s_per_stage=[0.9, 0.9], peak_inflight_activation_bytes=12,
         peak_inflight_activation_bytes_per_stage=[12, 0], loss_first=4.0, loss_last=3.0, iterations=2,
-        budget_bytes_per_stage=[10, 10], budget_ok=True)
+        budget_bytes_per_stage=[10, 10], budget_ok=True,
+        span_lateness_per_stage=[dataclasses.replace(LATE, p99_s=0.1e-3), LATE] if schedule == "geopipe" else None)
 
 
 @pytest.fixture
@@ -132,6 +140,8 @@ def test_an_attempt_hands_back_its_figures_with_its_load_and_link_timing(attempt
     for entry, measured in measured_by.items():
         assert measured.link_setting == entry.split("/")[0]
         assert measured.host_load is got.load and measured.link_timing is got.timing
+    # each entry's late stages, named, for best_attempt to measure again (testbed/run/lateness.py)
+    assert got.late == [f"{entry} stage 1: {LATE.describe()}" for entry in ("near/geopipe", "far/geopipe")]
 
 
 def test_a_repeat_writes_to_its_own_folder_with_its_own_readings(attempt) -> None:

@@ -55,6 +55,17 @@ def test_undilate_divides_wall_times_and_keeps_the_parts_adding_up() -> None:
     assert RankTrace.from_json(out.to_json()).dilation == 1.25
 
 
+
+def test_undilate_divides_a_timed_spans_actual_times_too() -> None:
+    """A timed span keeps its plan and when it really woke and ended: all wall-clock times, divided alike."""
+    span = Span("F", 0, 1.0, 1.025, 0.0, 0.0, late_s=0.005, woke=1.029, actual_end=1.030)
+    it = IterationRecord(iteration=1, warmup=False, start=1.0, end=1.03, spans=[span])
+    trace = RankTrace(config=WorkerConfig(rank=0, world=2, master_addr="x", master_port=1, schedules=["1f1b"],
+                                          compute="replay"), schedule="1f1b", rank=0, iterations=[it])
+    s = undilate(trace, 1.25).iterations[0].spans[0]
+    assert (s.start, s.end, s.woke, s.actual_end, s.late_s) == pytest.approx((0.8, 0.82, 0.8232, 0.824, 0.004))
+    assert s.lateness_s == pytest.approx(0.004)
+
 def _fake_v1(root: Path) -> None:
     (root / "cpu").mkdir(parents=True)
     for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us", "tasks", "cgroup.procs"):

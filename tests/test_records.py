@@ -72,6 +72,16 @@ def test_worker_config_and_rank_trace_round_trip() -> None:
     assert RankTrace.from_json(_through_json(trace.to_json())) == trace
 
 
+def test_a_timed_span_round_trips_and_older_spans_read_without_their_actual_times() -> None:
+    span = Span("F", 0, 1.0, 1.004, 0.0, 0.0, late_s=0.0012, woke=1.0051, actual_end=1.0052)
+    it = IterationRecord(iteration=1, warmup=False, start=1.0, end=2.0, spans=[span])
+    data = _through_json(it.to_json())
+    assert IterationRecord.from_json(data) == it
+    del data["spans"][0]["woke"], data["spans"][0]["actual_end"]
+    older = IterationRecord.from_json(data).spans[0]
+    assert (older.woke, older.actual_end, older.lateness_s) == (None, None, 0.0012)
+
+
 def test_delay_daemon_files_round_trip() -> None:
     from testbed.shaping.delayline import DaemonConfig, DaemonStats, QueueConfig, QueueStats
 

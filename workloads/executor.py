@@ -41,8 +41,8 @@ class IterationTrace:
     runq_s: float = 0.0
     """Time the main thread waited for its core over the whole iteration."""
     send_lag_s: list[float] = field(default_factory=list)
-    """Per send, in order: from its F's or B's end to when the transport began to post it (the executor's and
-    the sender thread's own time before the message can leave)."""
+    """Per send, in order: from its F's or B's return (a timed span's actual end) to when the transport began to
+    post it (the executor's and the sender thread's own time before the message can leave)."""
     recv_lag_s: list[float] = field(default_factory=list)
     """Per receive, in order: from the end of this stage's compute before it (or the iteration's start) to its
     post (the executor's own time before the receive's notice can leave)."""
@@ -150,7 +150,7 @@ class StageExecutor:
         t0 = it.clock.now()
         kept, loss, interval = self.compute.forward(a.mb, x, it.inputs, it.targets, ready)
         t1 = it.clock.now()
-        it.computed[("F", a.mb)] = it.last_end = t1.wall if interval is None else interval.end
+        it.computed[("F", a.mb)] = it.last_end = t1.wall if interval is None else interval.actual_end
         if it.following == Action(Op.SEND_F, a.mb):       # its message leaves before the span's bookkeeping
             self._post_f(it, a.mb, kept)
             it.posted.add(it.following)
@@ -178,7 +178,7 @@ class StageExecutor:
         t0 = it.clock.now()
         interval = self.compute.backward(kept, grad, ready)
         t1 = it.clock.now()
-        it.computed[("B", a.mb)] = it.last_end = t1.wall if interval is None else interval.end
+        it.computed[("B", a.mb)] = it.last_end = t1.wall if interval is None else interval.actual_end
         # the stash is free once B returns (the receives posted after it count on it)
         self._account(it, -kept.bytes - (self.act_bytes if self.rank < self.stages - 1 else 0))
         if it.following == Action(Op.SEND_B, a.mb):       # its message leaves before the span's bookkeeping
@@ -210,9 +210,10 @@ class _Iteration:
     posted: set[Action] = field(default_factory=set)
     """Sends already posted by the F or B before them (their own action then does nothing)."""
     computed: dict[tuple[str, int], float] = field(default_factory=dict)
-    """When each F and B ended, by (kind, micro-batch) (the device's deadline with compute as time)."""
+    """When each F and B returned, by (kind, micro-batch) (with compute as time its actual end, not its deadline:
+    a late span's lateness is its own, in the span, not its message's lag)."""
     last_end: float = 0.0
-    """When this stage's last F or B ended (the iteration's start before the first)."""
+    """When this stage's last F or B returned (the iteration's start before the first)."""
     send_times: list[tuple[float, float]] = field(default_factory=list)
     """Per send, in order: (its compute's end, when the executor handed it to the transport)."""
     recv_f: dict[int, tuple[torch.Tensor, Work]] = field(default_factory=dict)
@@ -224,12 +225,15 @@ class _Iteration:
 
     def span(self, kind: str, mb: int, t0: ThreadTimes, interval: Interval | None = None,
              t1: ThreadTimes | None = None) -> None:
-        """Record a span from `t0` to `t1` (default: now); a timed span keeps the device's interval and its
-        wake-up lateness."""
+        """Record a span from `t0` to `t1` (default: now); a timed span keeps the device's planned interval beside
+        when it really woke and ended, and its lateness."""
         t1 = t1 or self.clock.now()
-        start, end = (t0.wall, t1.wall) if interval is None else (interval.start, interval.end)
-        self.trace.spans.append(Span(kind, mb, start, end, t1.cpu - t0.cpu, t1.runq - t0.runq,
-                                     None if interval is None else interval.late_s))
+        cpu, runq = t1.cpu - t0.cpu, t1.runq - t0.runq
+        if interval is None:
+            self.trace.spans.append(Span(kind, mb, t0.wall, t1.wall, cpu, runq))
+            return
+        self.trace.spans.append(Span(kind, mb, interval.start, interval.end, cpu, runq, interval.late_s,
+                                     interval.woke, interval.actual_end))
 
     def wait(self, kind: str, mb: int, work: Work) -> float | None:
         """Block on a receive, recorded as a wait span. Returns when its data arrived: None where it was there

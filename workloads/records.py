@@ -191,11 +191,21 @@ class Span:
     runq_s: float | None = None
     """Time the main thread sat runnable but not running during the span: other threads had its core."""
     late_s: float | None = None
-    """A timed span (compute as time): how long after its deadline the wait returned; None for arithmetic."""
+    """A timed span (compute as time): `actual_end - end`; None for arithmetic."""
+    woke: float | None = None
+    """A timed span: when its sleep returned (`start`/`end` are the device timeline's plan); None for arithmetic
+    and in traces of releases before it was recorded."""
+    actual_end: float | None = None
+    """A timed span: when it really returned to the executor (its message could leave no earlier)."""
 
     @property
     def seconds(self) -> float:
         return self.end - self.start
+
+    @property
+    def lateness_s(self) -> float | None:
+        """A timed span's actual end less its planned end (older traces: their `late_s`); None for arithmetic."""
+        return self.late_s if self.actual_end is None else self.actual_end - self.end
 
 
 @dataclass(kw_only=True, slots=True)

@@ -6,13 +6,15 @@ the stash). `Timed` runs no arithmetic: a span's length comes from a cost table 
 it ends at an absolute CLOCK_MONOTONIC deadline on a virtual device timeline: a span starts when the device is
 free (the previous span's deadline) or when its input arrived, whichever is later, so the lateness of one
 wake-up or the executor's own work between spans does not push every later span (a chain of relative sleeps
-would add them up). Each span's wake-up lateness is recorded.
+would add them up). Each span keeps its planned interval and when it really woke and ended: after a late
+wake-up the next spans' deadlines may have passed, so they end at once, late, and say so.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,11 +43,20 @@ class Stashed:
 
 @dataclass(frozen=True, slots=True)
 class Interval:
-    """A compute span as the device ran it (monotonic seconds) and how late its wake-up was."""
+    """A compute span on the device's timeline (monotonic seconds): planned `start` and `end` (its deadline),
+    when the wait for it really woke and when it really returned."""
 
     start: float
     end: float
-    late_s: float | None = None
+    woke: float
+    """When its sleep returned (where it did not sleep, the deadline being near or past: when its wait began)."""
+    actual_end: float
+    """When the span returned to the executor (its message can leave no earlier)."""
+
+    @property
+    def late_s(self) -> float:
+        """Actual end less planned end (>= 0: the span spins until its deadline)."""
+        return self.actual_end - self.end
 
 
 class Arithmetic:
@@ -135,18 +146,20 @@ class Timed:
     def _run(self, seconds: float, ready: float | None) -> Interval:
         start = self.free_at if ready is None else max(self.free_at, ready)
         deadline = start + seconds
-        now = time.monotonic()
+        now = woke = time.monotonic()
         if deadline - self.wake_early_s > now:      # clock_nanosleep to a CLOCK_MONOTONIC time (CPython >= 3.11)
-            time.sleep(deadline - self.wake_early_s - now)
+            self._sleep(deadline - self.wake_early_s - now)
             woke = time.monotonic()
             # the sleep's own lateness, learnt: wake that much before the deadline next time, spin the rest
             late_wake = woke - (deadline - self.wake_early_s)
             self.wake_early_s = min(MAX_WAKE_EARLY_S, max(0.0, 0.9 * self.wake_early_s + 0.1 * (late_wake + WAKE_MARGIN_S)))
         while time.monotonic() < deadline:
             pass
-        late = time.monotonic() - deadline
         self.free_at = deadline
-        return Interval(start, deadline, late)
+        return Interval(start, deadline, woke, time.monotonic())
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def forward(self, mb: int, x: Any, inputs: Any, targets: Any, ready: float | None
                 ) -> tuple[Stashed, float | None, Interval | None]:
@@ -166,10 +179,28 @@ class Timed:
         return None
 
 
-def set_timer_slack_ns(ns: int) -> None:
-    """Wake-ups as close to their deadline as the kernel allows (the default slack is 50 us)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
+_slack_warned = False
+"""The timer slack's failure has been said (once per process)."""
+
+
+def _prctl() -> Callable[..., int]:
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def set_timer_slack_ns(ns: int) -> bool:
+    """Wake-ups as close to their deadline as the kernel allows (the default slack is 50 us). Where the kernel
+    refuses, the process's stderr (the worker's log) says so once: its wake-ups keep the default slack."""
+    global _slack_warned
+    try:
+        failed = _prctl()(PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0) != 0
+        why = os.strerror(ctypes.get_errno()) if failed else ""
+    except (OSError, AttributeError) as exc:
+        failed, why = True, str(exc)
+    if failed and not _slack_warned:
+        _slack_warned = True
+        print(f"warning: prctl(PR_SET_TIMERSLACK, {ns}) failed ({why}): timed spans wake with the default timer "
+              "slack (~50 us later)", file=sys.stderr, flush=True)
+    return not failed
 
 
 class _SavedBytes:

@@ -271,7 +271,8 @@ def _medians(points: list[Point]) -> dict[str, Any]:
             "tokens_per_s": statistics.median(p.measured.tokens_per_s for p in points),
             "peak_bytes": max(peaks) if peaks else None, "stretch": statistics.median(stretch) if stretch else None,
             "runs": len(points), "repeated": sum(p.measured.repeated for p in points),
-            "disturbed": sum(1 for p in points if p.measured.host_load and p.measured.host_load.disturbed)}
+            "disturbed": sum(1 for p in points if p.measured.host_load and p.measured.host_load.disturbed),
+            "late": sum(1 for p in points if not p.measured.lateness_ok)}
 
 
 def _against(geo: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from testbed.experiment import plots
 from testbed.experiment.records import ExperimentRecord, Point
 from testbed.run.breakdown import side_by_side
+from testbed.run.lateness import LATE_FLOOR_S, LATE_P99_FRACTION
 from testbed.run.summary import STRETCH_FLAG
 from testbed.util import table, units
 from testbed.util.hostload import COMPUTE_SLOWDOWN_FLAG, FOREIGN_BOUND, HOST_DRIFT_BOUND, STEAL_BOUND
@@ -104,7 +105,8 @@ def focus_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
             units.format_size(m["peak_bytes"]) if m["peak_bytes"] else "not measured",
             f"{against['memory_multiple']:.2f}x" if against.get("memory_multiple") else "-",
             "-" if m["stretch"] is None else f"{m['stretch']:.2f}" + (" !" if m["stretch"] > STRETCH_FLAG else ""),
-            f"{m['runs']} ({m['repeated']})" + (f", {m['disturbed']} disturbed" if m["disturbed"] else "")])
+            f"{m['runs']} ({m['repeated']})" + (f", {m['disturbed']} disturbed" if m["disturbed"] else "")
+            + (f", {m['late']} late" if m.get("late") else "")])
     return headers, rows
 
 
@@ -328,6 +330,9 @@ def headline(record: ExperimentRecord) -> list[str]:
                  f"{len(slowed)} of {launches} launches the compute ran more than {COMPUTE_SLOWDOWN_FLAG:.0%} more "
                  "CPU than alone: that is the run's own cost (cores shared with the emulator and gloo), shown in "
                  "its breakdown, not the host's speed.")
+    late = lateness_line(record)
+    if late:
+        lines.append(late)
     lossy = [p for p in record.points if not p.lossless_ok]
     if lossy:
         lines.append(f"NOT LOSSLESS: {len(lossy)} run(s) lost packets on a lossless link ("
@@ -353,6 +358,21 @@ def headline(record: ExperimentRecord) -> list[str]:
         lines.append(f"Model only (not emulated): {m.schedule} at {m.distance_km:g} km -> bubble "
                      f"{m.bubble:.3f}, step {m.step_s:.3f} s.")
     return lines
+
+
+def lateness_line(record: ExperimentRecord) -> str | None:
+    """Compute as time: the spans' p99 lateness over the runs (the worst stage of each) against the bound, and
+    the runs kept beyond it; None where no run was timed."""
+    worst = [max(x.p99_s for x in p.measured.span_lateness_per_stage) for p in record.points
+             if p.measured.span_lateness_per_stage]
+    if not worst:
+        return None
+    late = [f"{p.schedule} @{p.distance_km:g} km #{p.repetition}" for p in record.points if not p.measured.lateness_ok]
+    return (f"Timed spans: p99 lateness {statistics.median(worst) * 1e6:.0f} us median over the runs (worst stage; "
+            f"{min(worst) * 1e6:.0f}-{max(worst) * 1e6:.0f} us); bound {LATE_P99_FRACTION:.0%} of the stage's median "
+            f"span, at least {LATE_FLOOR_S * 1e3:.1f} ms; a run beyond it is measured again like a disturbed one: "
+            + (f"{len(late)} kept late ({', '.join(late)}), their figures carry the lateness." if late
+               else "none was kept late."))
 
 
 def _model_error(record: ExperimentRecord, field: str) -> str:

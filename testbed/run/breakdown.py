@@ -37,6 +37,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from testbed.run.lateness import SpanLateness, span_lateness
 from testbed.util import table
 from workloads import schedule as S
 from workloads.records import IterationRecord, RankTrace, start_offsets
@@ -87,6 +88,9 @@ class StageBreakdown:
     """Compute as time: how late the spans' wake-ups were, summed per step (a later span still starts at its
     predecessor's deadline, so this is not added to the step; it shows in the executor's and the waits' parts
     only where a wake-up came after the next message)."""
+    lateness: SpanLateness | None = None
+    """Compute as time: the spans' lateness, median / p99 / worst, and whether it is within its bound
+    (testbed/run/lateness.py)."""
 
     @property
     def compute_slowdown(self) -> float | None:
@@ -113,13 +117,16 @@ class StageBreakdown:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "wait_beyond_ideal_s": self.wait_beyond_ideal_s,
-                "skew_beyond_ideal_s": self.skew_beyond_ideal_s, "compute_slowdown": self.compute_slowdown}
+                "skew_beyond_ideal_s": self.skew_beyond_ideal_s, "compute_slowdown": self.compute_slowdown,
+                "lateness": self.lateness.to_json() if self.lateness else None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageBreakdown:
+        late = data.get("lateness")
         return cls(**{k: v for k, v in data.items()
                       if k not in ("wait_beyond_ideal_s", "skew_beyond_ideal_s", "compute_drift",
-                                   "compute_slowdown")})
+                                   "compute_slowdown", "lateness")},
+                   lateness=SpanLateness.from_json(late) if late else None)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -260,7 +267,7 @@ def _stage(rank: RankTrace, its: list[IterationRecord], steps: list[float], orig
             compute_preempted_s=0.0, compute_blocked_s=0.0, wait_s=wait, ideal_wait_s=None,
             executor_s=own - wall - wait, executor_cpu_s=mean([it.main_cpu_s or 0.0 for it in its]) - cpu - wait_cpu,
             skew_s=mean(steps) - own, compute_cpu_s=None, reference_cpu_s=None,
-            late_s=mean([sum(s.late_s or 0.0 for s in c) for c in compute]))
+            late_s=mean([sum(s.lateness_s or 0.0 for s in c) for c in compute]), lateness=span_lateness(its))
     reference_cpu = statistics.mean(rank.reference_cpu_s) if rank.reference_cpu_s else None
     floor = reference_cpu if reference_cpu else reference      # the compute's own need (see the module's account)
     return StageBreakdown(
@@ -366,6 +373,8 @@ def render(name: str, split: Breakdown) -> str:
     if any(s.host_drift_s for s in stages):
         rows.append(["the host ran faster than at its reference (drift, not a saving)",
                      *(ms(s.host_drift_s) for s in stages), ms(statistics.mean(s.host_drift_s for s in stages))])
+    if any(s.lateness for s in stages):
+        rows.append(["timed spans' lateness (us): median / p99 / worst", *(_late_cell(s.lateness) for s in stages), ""])
     ideal = (f"ideal step {split.ideal_step_s * 1e3:.0f} ms, measured {split.step_s * 1e3:.0f} ms: the testbed's own "
              f"cost {split.overhead_s * 1e3:+.0f} ms ({split.overhead_s / split.step_s:.1%} of the step)"
              if split.ideal_step_s is not None and split.overhead_s is not None else "no ideal step (not simulated)")
@@ -380,6 +389,20 @@ def render(name: str, split: Breakdown) -> str:
             [[c.name, f"{c.cpu_s * 1e3:.0f}", f"{c.fraction:.1%}", "" if c.runq_s is None else f"{c.runq_s * 1e3:.0f}"]
              for c in split.cpu]))
     return "\n\n".join(out)
+
+
+def _late_cell(late: SpanLateness | None) -> str:
+    """median / p99 / worst in microseconds, `!` where the p99 is beyond its bound."""
+    if late is None:
+        return "-"
+    return (f"{late.median_s * 1e6:.0f} / {late.p99_s * 1e6:.0f} / {late.worst_s * 1e6:.0f}"
+            + ("" if late.ok else f" ! (bound {late.bound_s * 1e6:.0f})"))
+
+
+def worst_p99(split: Breakdown) -> SpanLateness | None:
+    """The stage whose timed spans' p99 lateness is the largest (None: no timed spans)."""
+    late = [s.lateness for s in split.stages if s.lateness]
+    return max(late, key=lambda x: x.p99_s) if late else None
 
 
 def side_by_side(columns: list[tuple[str, list[Breakdown]]]) -> tuple[list[str], list[list[str]]]:
@@ -412,11 +435,23 @@ def side_by_side(columns: list[tuple[str, list[Breakdown]]]) -> tuple[list[str],
                            for _, bs in columns)])
     rows.append(["  the host ran faster than at its reference (drift)",
                  *(cell(med([statistics.mean(st.host_drift_s for st in b.stages) for b in bs])) for _, bs in columns)])
+    if any(worst_p99(b) for _, bs in columns for b in bs):
+        rows.append(["timed spans' p99 lateness, worst stage (us; ! runs beyond the bound)",
+                     *(_late_p99(bs) for _, bs in columns)])
     rows.append(["delay daemons' CPU (of all cores)",
                  *(_share(bs, "delay daemons") for _, bs in columns)])
     for name in ("workers: gloo", "kernel and other", "idle"):
         rows.append([f"{name}... (of all cores)", *(_share_prefix(bs, name) for _, bs in columns)])
     return headers, rows
+
+
+def _late_p99(splits: list[Breakdown]) -> str:
+    """The median over runs of the worst stage's p99 lateness, and how many runs were beyond their bound."""
+    worst = [w for w in (worst_p99(b) for b in splits) if w is not None]
+    if not worst:
+        return "-"
+    late = sum(1 for b in splits if any(s.lateness and not s.lateness.ok for s in b.stages))
+    return f"{statistics.median(w.p99_s for w in worst) * 1e6:.0f}" + (f" ! {late} late" if late else "")
 
 
 def _share_prefix(splits: list[Breakdown], prefix: str) -> str:

@@ -174,16 +174,17 @@ def undilate(trace: RankTrace, factor: float) -> RankTrace:
         return trace
     k = factor
 
-    def span(s: Span) -> Span:
-        wall = s.end - s.start
-        if s.cpu_s is None or s.runq_s is None:
-            return dataclasses.replace(s, start=s.start / k, end=s.end / k)
-        blocked = max(0.0, wall - s.cpu_s - s.runq_s) / k
-        return dataclasses.replace(s, start=s.start / k, end=s.end / k,
-                                   runq_s=max(0.0, wall / k - s.cpu_s - blocked))
-
     def scaled(value: float | None) -> float | None:
         return None if value is None else value / k
+
+    def span(s: Span) -> Span:
+        wall = s.end - s.start
+        s = dataclasses.replace(s, start=s.start / k, end=s.end / k, late_s=scaled(s.late_s), woke=scaled(s.woke),
+                                actual_end=scaled(s.actual_end))
+        if s.cpu_s is None or s.runq_s is None:
+            return s
+        blocked = max(0.0, wall - s.cpu_s - s.runq_s) / k
+        return dataclasses.replace(s, runq_s=max(0.0, wall / k - s.cpu_s - blocked))
 
     def iteration(it: IterationRecord) -> IterationRecord:
         spans = [span(s) for s in it.spans]

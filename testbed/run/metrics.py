@@ -12,6 +12,7 @@ import statistics
 from typing import Any
 
 from testbed.run.breakdown import step_of
+from testbed.run.lateness import span_lateness
 from testbed.run.summary import ScheduleSummary
 from workloads.layouts import stage_layout
 from workloads.records import RankTrace
@@ -63,6 +64,8 @@ def summarize(schedule: str, ranks: list[RankTrace], tokens_per_step: int) -> Sc
         reference_compute_s_per_stage=reference,
         budget_bytes_per_stage=budget_list,
         budget_ok=budget_list is None or all(p <= b for p, b in zip(peaks, budget_list, strict=True)))
+    late = [span_lateness(r.steady) for r in ranks]
+    summary.span_lateness_per_stage = [x for x in late if x is not None] if all(late) else None
     if reference:
         rebase_reference(summary, reference, 1)
     return summary
@@ -108,9 +111,10 @@ def chrome_trace(runs: dict[str, list[RankTrace]]) -> dict[str, Any]:
                                "tid": tid, "ts": (it.start - origin) * 1e6, "dur": (it.end - it.start) * 1e6})
                 for span in it.spans:
                     name = span.kind if span.mb < 0 else f"{span.kind}{span.mb}"
+                    late = span.lateness_s      # a timed span is drawn as planned: how late it really ended
                     events.append({"ph": "X", "name": name, "cat": "compute" if span.kind in ("F", "B") else "wait",
                                    "pid": pid, "tid": tid, "ts": (span.start - origin) * 1e6,
-                                   "dur": span.seconds * 1e6})
+                                   "dur": span.seconds * 1e6, **({} if late is None else {"args": {"late_us": late * 1e6}})})
                 for t, value in it.memory:
                     events.append({"ph": "C", "name": f"in-flight activations stage {tid}", "pid": pid,
                                    "ts": (t - origin) * 1e6, "args": {"bytes": value}})

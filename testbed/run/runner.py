@@ -562,7 +562,8 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
             measured.host_load, measured.link_timing = load, timing
         load.compute_slowdown = compute_slowdown(measured_by.values())
         load.judge_drift(host_drift([r for ranks in ranks_by.values() for r in ranks]))
-        return Attempt((ranks_by, measured_by), load, timing, where)
+        return Attempt((ranks_by, measured_by), load, timing, where,
+                       [why for measured in measured_by.values() for why in measured.late_spans()])
 
     best, repeats = best_attempt(attempt_once, log, cpu_matters=not options.compute.timed)
     traces, measured_by = best.value

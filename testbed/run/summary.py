@@ -9,6 +9,7 @@ from typing import Any
 
 from testbed.run.breakdown import Breakdown
 from testbed.run.dilation import OFF, Dilation
+from testbed.run.lateness import LATE_FLOOR_S, LATE_P99_FRACTION, SpanLateness
 from testbed.util import table, units
 from testbed.util.hostload import COMPUTE_SLOWDOWN_FLAG, HOST_DRIFT_BOUND, HostLoad
 from workloads.schedule import GeoPipeSizing
@@ -90,7 +91,8 @@ class ScheduleSummary:
     """Every stage's measured in-flight peak stayed within its budget."""
     host_load: HostLoad | None = None
     repeated: int = 0
-    """Times this run was measured again because the host was disturbed (hostload.STEAL_BOUND)."""
+    """Times this run was measured again because the host was disturbed (hostload.STEAL_BOUND) or, with compute as
+    time, its spans were late (testbed/run/lateness.py)."""
     breakdown: Breakdown | None = None
     """Where the step went per stage and who used the CPU (testbed/run/breakdown.py); None for torch-*."""
     link_timing: list[LinkTiming] = field(default_factory=list)
@@ -98,6 +100,9 @@ class ScheduleSummary:
     link_setting: str | None = None
     """In a run that sweeps a link (the experiment's distance sweep), the point this schedule ran at; its
     traces are in <label>/<schedule>/."""
+    span_lateness_per_stage: list[SpanLateness] | None = None
+    """Compute as time, per stage: how late its F/B spans really ended (testbed/run/lateness.py); None for real
+    compute and summaries of releases before it."""
 
     @property
     def links_on_time(self) -> bool:
@@ -105,27 +110,44 @@ class ScheduleSummary:
         return all(t.ok for t in self.link_timing)
 
     @property
+    def lateness_ok(self) -> bool:
+        """Every stage's timed spans' p99 lateness was within its bound (true where nothing is timed)."""
+        return all(x.ok for x in self.span_lateness_per_stage or [])
+
+    def late_spans(self) -> list[str]:
+        """Per stage beyond the lateness bound, why (empty: on time)."""
+        name = f"{self.link_setting}/{self.schedule}" if self.link_setting else self.schedule
+        return [f"{name} stage {s}: {x.describe()}" for s, x in enumerate(self.span_lateness_per_stage or [])
+                if not x.ok]
+
+    @property
     def stretched(self) -> bool:
         return any(x > STRETCH_FLAG for x in self.span_stretch_per_stage or [])
 
     def to_json(self) -> dict[str, Any]:
+        late = self.span_lateness_per_stage
         return {**asdict(self), "stretched": self.stretched,
                 "breakdown": self.breakdown.to_json() if self.breakdown else None,
                 "host_load": self.host_load.to_json() if self.host_load else None,
-                "link_timing": [t.to_json() for t in self.link_timing], "links_on_time": self.links_on_time}
+                "link_timing": [t.to_json() for t in self.link_timing], "links_on_time": self.links_on_time,
+                "span_lateness_per_stage": None if late is None else [x.to_json() for x in late],
+                "lateness_ok": self.lateness_ok}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ScheduleSummary:
         """Also reads summaries of 0.1 (`geo_plan`)."""
-        known = {f.name for f in fields(cls)} - {"geopipe_sizing", "host_load", "breakdown", "link_timing"}
+        known = {f.name for f in fields(cls)} - {"geopipe_sizing", "host_load", "breakdown", "link_timing",
+                                                 "span_lateness_per_stage"}
         sizing = data.get("geopipe_sizing", data.get("geo_plan"))
         load = data.get("host_load")
         split = data.get("breakdown")
+        late = data.get("span_lateness_per_stage")
         return cls(**{k: v for k, v in data.items() if k in known},
                    geopipe_sizing=GeoPipeSizing.from_json(sizing) if sizing else None,
                    host_load=HostLoad.from_json(load) if load else None,
                    breakdown=Breakdown.from_json(split) if split else None,
-                   link_timing=[LinkTiming.from_json(t) for t in data.get("link_timing", [])])
+                   link_timing=[LinkTiming.from_json(t) for t in data.get("link_timing", [])],
+                   span_lateness_per_stage=None if late is None else [SpanLateness.from_json(x) for x in late])
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,15 +287,26 @@ class RunSummary:
                          else f"{s.breakdown.overhead_s / s.breakdown.step_s:+.1%}",
                          "-" if not s.link_timing else ("on time" if s.links_on_time else "LATE ("
                          + ", ".join(f"{t.mean_error_s * 1e6:+.0f} us" for t in s.link_timing if not t.ok) + ")"),
+                         _late_cell(s),
                          f"{s.loss_first:.3f} -> {s.loss_last:.3f}" if s.loss_first is not None else "-"))
         placement = ", ".join(f"{p.host}" for p in self.stages)
         return table.render(["schedule", "bubble vs ref", "bubble own spans", "stretch", "step s", "tokens/s",
                              "peak in-flight", "budget", "steal / other", "host drift", "compute vs alone",
-                             "own cost", "links",
+                             "own cost", "links", "spans late p99",
                              "loss"], rows,
                             f"\n{self.topology}: {len(self.stages)} stages ({placement}), shaper {self.shaper}, "
                             f"{self.transport}; {self.compute_line()}; bubble vs ref = 1 - uncontended compute / step time; "
                             f"! = spans stretched > {STRETCH_FLAG:.2f}x, host disturbed, its reference moved more than "
                             f"{HOST_DRIFT_BOUND:.0%} over the run (host drift: measured again), or the compute ran "
-                            f"more than {COMPUTE_SLOWDOWN_FLAG:.0%} more CPU than alone (the run's own cost); own cost "
-                            "= step over the ideal pipeline (summary.json: breakdown)")
+                            f"more than {COMPUTE_SLOWDOWN_FLAG:.0%} more CPU than alone (the run's own cost), or timed "
+                            f"spans' p99 lateness beyond {LATE_P99_FRACTION:.0%} of a span (at least "
+                            f"{LATE_FLOOR_S * 1e3:.1f} ms; worst stage shown); own cost = step over the ideal pipeline "
+                            "(summary.json: breakdown)")
+
+
+def _late_cell(s: ScheduleSummary) -> str:
+    """The worst stage's p99 lateness of timed spans, `!` where some stage is beyond its bound."""
+    if not s.span_lateness_per_stage:
+        return "-"
+    worst = max(x.p99_s for x in s.span_lateness_per_stage)
+    return f"{worst * 1e3:.2f} ms" + ("" if s.lateness_ok else " !")
