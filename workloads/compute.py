@@ -109,6 +109,14 @@ class CostTable:
                          self.microbatch_size, list(rate_scale), self.hbm_bytes, self.resident_bytes,
                          self.tokens_per_microbatch)
 
+    def slowed(self, k: float) -> CostTable:
+        """Every span k times longer (a run in slow motion, testbed/run/dilation.py)."""
+        def phase(p: PhaseCost) -> PhaseCost:
+            return PhaseCost(p.median_s * k, p.p10_s * k, p.p90_s * k, p.samples)
+        stages = [StageCost(phase(s.forward), phase(s.backward), s.stash_bytes) for s in self.stages]
+        return CostTable(self.source, self.description, stages, self.activation_bytes, self.microbatch_size,
+                         list(self.rate_scale), self.hbm_bytes, self.resident_bytes, self.tokens_per_microbatch)
+
     def reference_s(self, stage: int, microbatches: int) -> float:
         """One iteration's compute on `stage` with no communication: the replayed run's yardstick."""
         return microbatches * self.stages[stage].fb_s

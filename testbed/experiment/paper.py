@@ -27,8 +27,8 @@ from testbed.deploy import lifecycle
 from testbed.deploy.linkset import set_link
 from testbed.run.runner import RunOptions, run_schedules
 from testbed.run.shapeplan import links_of_plan, profile_costs
-from testbed.topology.loader import resolve_topology
 from testbed.topology.profile import resolve_profile
+from testbed.util.paths import resolve_topology
 from workloads.shapes import PLANNED, ShapeOutcome, ShapeSpace, plan_shapes
 
 FIBRE_S_PER_KM = 5e-6

@@ -74,11 +74,14 @@ class Dilation:
 OFF = Dilation(1.0, 1.0, 0.0, PERIOD_S, "off")
 
 
-def plan_dilation(mode: str, workers: int, cpus: int) -> Dilation:
+def plan_dilation(mode: str, workers: int, cpus: int, timed: bool = False) -> Dilation:
     """`off`, `auto` (k from the caps: workers / (cores - RESERVE_CORES), 1 where cores are to spare) or a
-    factor (`1.25`)."""
+    factor (`1.25`). With compute as time (`timed`) a span takes no CPU, so nothing is capped: k is slow motion,
+    every span, delay and transfer k times longer, and the messages' own CPU k times smaller beside them."""
     if mode == "off":
         return OFF
+    if timed:
+        return _slow_motion(mode, workers, cpus)
     if mode == "auto":
         if workers < cpus:
             return Dilation(1.0, 1.0, float(cpus - workers), PERIOD_S,
@@ -106,11 +109,31 @@ def plan_dilation(mode: str, workers: int, cpus: int) -> Dilation:
                     f"asked: {workers} workers capped at {1 / factor:.3f} core each leave {reserve:.2f} of {cpus} cores")
 
 
+def _slow_motion(mode: str, workers: int, cpus: int) -> Dilation:
+    """Compute as time: `auto` gives each worker's messages the share of the cores one core per worker would
+    (k = workers / cores, 1 where they fit); a factor is taken as it is."""
+    if mode == "auto":
+        factor = max(1.0, workers / cpus)
+        reason = f"auto, compute as time: {workers} workers on {cpus} cores, k = {workers} / {cpus}"
+    else:
+        try:
+            factor = float(mode)
+        except ValueError:
+            raise DilationError(f"--dilation {mode!r}: use off, auto or a factor such as 1.25") from None
+        if factor < 1:
+            raise DilationError(f"--dilation {factor:g}: a factor is at least 1 (1 is off)")
+        reason = f"asked, compute as time: k = {factor:g}"
+    if factor == 1:
+        return OFF
+    return Dilation(factor, 1.0, float(cpus), PERIOD_S, reason + " (slow motion: spans, delays and transfers k times "
+                    "longer, no worker capped)")
+
+
 @contextlib.contextmanager
 def worker_caps(backend: Backend, dilation: Dilation, workers: int) -> Iterator[list[cgroups.WorkerCap]]:
     """One capped cgroup per worker (in rank order; empty when undilated), recorded in the testbed's state
     before each exists and removed on the way out."""
-    if not dilation.on:
+    if not dilation.on or dilation.worker_cores >= 1.0:      # slow motion (compute as time) caps nothing
         yield []
         return
     controller = cgroups.cpu_controller()
@@ -197,7 +220,8 @@ def undilate(trace: RankTrace, factor: float) -> RankTrace:
             it, start=it.start / k, end=it.end / k, spans=spans, memory=[(t / k, v) for t, v in it.memory],
             optimizer_s=scaled(it.optimizer_s), compute_s=sum(s.seconds for s in spans if s.kind in ("F", "B"))
             if it.compute_s is not None else None, wait_s=scaled(it.wait_s), forward_s=scaled(it.forward_s),
-            backward_s=scaled(it.backward_s), main_runq_s=main_runq)
+            backward_s=scaled(it.backward_s), main_runq_s=main_runq, send_lag_s=[x / k for x in it.send_lag_s],
+            recv_lag_s=[x / k for x in it.recv_lag_s])
 
     sizing = trace.geopipe_sizing
     if sizing is not None:
@@ -205,4 +229,5 @@ def undilate(trace: RankTrace, factor: float) -> RankTrace:
     return dataclasses.replace(trace, iterations=[iteration(it) for it in trace.iterations], geopipe_sizing=sizing,
                                reference_compute_s=[r / k for r in trace.reference_compute_s],
                                reference_loaded_s=[r / k for r in trace.reference_loaded_s],
-                               compute_spread=[c / k for c in trace.compute_spread], dilation=k)
+                               compute_spread=[c / k for c in trace.compute_spread],
+                               message_cost_s=[c / k for c in trace.message_cost_s], dilation=k)

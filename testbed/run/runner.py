@@ -266,8 +266,9 @@ def run_group(backend: Backend, schedules: list[str], options: RunOptions, hosts
             def switch(index: int) -> None:
                 _apply_point(backend, sweep, sweep.points[index], dilation.factor)
             switch(0)
+        slow = table.slowed(dilation.factor) if table is not None and dilation.on else table   # spans too, in time
         _run_workers(backend, schedules, options, hosts, out_dir, progress, monitor, transport, caps, settings,
-                     switch, table, player=player, shipped=shipped)
+                     switch, slow, player=player, shipped=shipped)
     traces = {}
     for entry in entries(schedules, sweep):
         folder = out_dir / entry
@@ -486,7 +487,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     hosts = options.hosts(plan)
     options.check_stages(len(hosts))
     cpus = os.cpu_count() or 1
-    dilation = plan_dilation(options.dilation, len(hosts), cpus)
+    dilation = plan_dilation(options.dilation, len(hosts), cpus, timed=options.compute.timed)
     transport = choose_transport(options.transport, plan, backend.state.rdma, hosts, options.schedules)
     log(f"transport {transport.name}: {transport.reason}")
     try:
