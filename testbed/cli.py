@@ -246,7 +246,7 @@ def args_paper(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spines", default="100,400", help="spine rates in Gb/s, comma-separated")
     p.add_argument("--distances", default="0,1000", help="km per OTN span, comma-separated")
     p.add_argument("--iterations", type=int, default=2, help="timed iterations per run (after one warm-up)")
-    p.add_argument("--dilation", default="off", help="time dilation: off, auto or a factor (testbed run --help)")
+    p.add_argument("--dilation", default="auto", help="slow motion: off, auto (workers / cores) or a factor")
     p.add_argument("--results", default="results", help="where the experiment's folder goes")
 
 

@@ -126,3 +126,35 @@ def test_a_cap_really_throttles_and_is_removed() -> None:
     assert 0.2 < share < 0.4, share
     assert throttled is not None and throttled > 0.5
     assert not cap.group.exists()
+
+
+def test_compute_as_time_is_slowed_down_not_capped() -> None:
+    """A timed span takes no CPU: k is slow motion (every span, delay and transfer k times longer) with no worker
+    capped, so 8 workers on 2 cores may run at k = 4 where capped ones would need 4.21."""
+    auto = plan_dilation("auto", workers=8, cpus=2, timed=True)
+    assert auto.factor == 4.0 and auto.worker_cores == 1.0 and "slow motion" in auto.reason
+    assert plan_dilation("3", 8, 2, timed=True).factor == 3.0
+    with pytest.raises(DilationError, match="leaving nothing to the rest"):
+        plan_dilation("3", 8, 2)                                         # capped: 8 x 1/3 core > 2 cores
+    assert plan_dilation("auto", 2, 4, timed=True) == OFF               # cores to spare
+    with pytest.raises(DilationError, match="at least 1"):
+        plan_dilation("0.5", 8, 2, timed=True)
+
+
+def test_a_slowed_table_stretches_every_span_and_keeps_the_bytes() -> None:
+    from workloads.compute import CostTable, PhaseCost, StageCost
+
+    table = CostTable("t", "", [StageCost(PhaseCost(0.01, 0.009, 0.011, 3), PhaseCost.stated(0.02), 100)], 64, 1,
+                      [400.0], 1000, 10, 1024)
+    slow = table.slowed(4)
+    assert slow.stages[0].forward == PhaseCost(0.04, 0.036, 0.044, 3) and slow.stages[0].backward.median_s == 0.08
+    assert (slow.activation_bytes, slow.stages[0].stash_bytes, slow.rate_scale) == (64, 100, [400.0])
+
+
+def test_undilate_scales_the_lags_and_the_probed_message_cost() -> None:
+    it = IterationRecord(iteration=1, warmup=False, start=4.0, end=8.0, send_lag_s=[0.004, 0.008], recv_lag_s=[0.002])
+    trace = RankTrace(config=WorkerConfig(rank=0, world=2, master_addr="x", master_port=1, schedules=["1f1b"]),
+                      schedule="1f1b", rank=0, iterations=[it], message_cost_s=[0.0004])
+    back = undilate(trace, 4.0)
+    assert back.iterations[0].send_lag_s == [0.001, 0.002] and back.iterations[0].recv_lag_s == [0.0005]
+    assert back.message_cost_s == [0.0001]

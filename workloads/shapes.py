@@ -28,9 +28,12 @@ from workloads.schedule import GeoPipeSizing, ScheduleError
 from workloads.simulate import Costs, simulate
 from workloads.sizing import lookaheads, size_geopipe
 
-SIZING_MICROBATCHES = 64
-"""dN is sized on at most this many micro-batches (about 0.6 s for 8 stages); the step at the full count."""
+SIZING_MICROBATCHES = 32
+"""dN is sized on at most this many micro-batches (about 0.3 s for 8 stages); the step at the full count."""
 PLANNED = ("1f1b", "1f1b-prefetch", "geopipe")
+RECEIVES_FIRST = True
+"""The executor's order with compute as time over gloo (schedule.posting_order): sends leave from a sender
+thread, so the receives that follow a send are posted before it; the step is modelled in that order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +164,8 @@ def evaluate(schedule: str, b: int, s: int, m: int, table: CostTable, links: Lin
         geo = _sized(stages, m, table, links, [free] * stages if table.hbm_bytes is not None else None)
     elif schedule == "1f1b-prefetch":
         geo = GeoPipeSizing.prefetch(stages, m)
-    acts = S.build("geopipe" if geo is not None else schedule, stages, m, geo)
+    acts = [S.posting_order(a, RECEIVES_FIRST) for a in S.build("geopipe" if geo is not None else schedule, stages, m,
+                                                                 geo)]
     pred = simulate(acts, costs)
     extra = geo.extra_inflight if schedule == "geopipe" and geo else ()
     peaks = [footprint_bytes(k, stages, m, extra=extra[k] if extra else 0,
