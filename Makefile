@@ -27,7 +27,7 @@ APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openv
 	rdma-core ibverbs-utils perftest python3-pyverbs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-profile install apt stock-kernel test test-host test-unit multihost vm-test vm-test-remote lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport bench-schedules-transport breakdown bench-yardstick bench-repro bench-replay bench-overhead cli clean
+.PHONY: demo demo-profile demo-paper install apt stock-kernel test test-host test-unit multihost vm-test vm-test-remote lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport bench-schedules-transport breakdown bench-yardstick bench-repro bench-replay bench-overhead cli clean
 
 install: $(STAMP) stock-kernel
 
@@ -108,6 +108,13 @@ demo-profile: install
 	$(TESTBED) experiment 2dc-8stages --stages 8 --compute $(or $(PROFILE),gpt-7b-h100) \
 		--distances 0,500,1000,2000,3000 --focus 3000 --repetitions 2 --microbatches 32 \
 		--schedule 1f1b,1f1b-prefetch,geopipe --memory-budgets 1f1b+0,1f1b+2,1f1b+4 --rates "" --memory-budget 1f1b+1 \
+		$(DEMO_ARGS)
+
+# GeoPipe's own experiment in its regime (docs/paper.md): Llama 2 13B on 8 nodes of 8 Ascend 910B (TP 8 inside a
+# node) over three regions, 256Ki tokens per step, each schedule at the shape the planner chose for it, the spine rate
+# and distance swept, in slow motion (k = 4); the model beside every point. About 30 minutes on 2 cores.
+demo-paper: install
+	$(TESTBED) paper 3dc-8stages --compute $(or $(PROFILE),llama2-13b-910b-tp8) --spines 25,400 --distances 0,1000,3000 \
 		$(DEMO_ARGS)
 
 plan: install
