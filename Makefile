@@ -112,9 +112,9 @@ demo-profile: install
 
 # GeoPipe's own experiment in its regime (docs/paper.md): Llama 2 13B on 8 nodes of 8 Ascend 910B (TP 8 inside a
 # node) over three regions, 256Ki tokens per step, each schedule at the shape the planner chose for it, the spine rate
-# and distance swept, in slow motion (k = 4); the model beside every point. About 30 minutes on 2 cores.
+# and distance swept, in slow motion (k = 4); the model beside every point. About 22 minutes on 2 cores.
 demo-paper: install
-	$(TESTBED) paper 3dc-8stages --compute $(or $(PROFILE),llama2-13b-910b-tp8) --spines 25,400 --distances 0,1000,3000 \
+	$(TESTBED) paper 3dc-8stages --compute $(or $(PROFILE),llama2-13b-910b-tp8) --spines 400,25 --distances 1000,3000 \
 		$(DEMO_ARGS)
 
 plan: install

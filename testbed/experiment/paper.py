@@ -34,7 +34,8 @@ from workloads.shapes import PLANNED, ShapeOutcome, ShapeSpace, plan_shapes
 
 FIBRE_S_PER_KM = 5e-6
 OPTIMUM_GAIN = 0.01
-"""The optimisation point: the lowest spine rate past which doubling it shortens geopipe's step by under 1 %."""
+"""The optimisation point: the lowest spine rate past which the next one modelled shortens geopipe's step by
+under 1 %."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -68,8 +68,8 @@ def report(spec: Any, points: list[Any], curve: list[dict[str, Any]]) -> str:
     lines += ["", _largest(all_cuts), "", "## The optimisation point (model)", ""]
     for km in spec.distances_km:
         at = optimisation_point(curve, km)
-        lines.append(f"- {km:g} km: " + (f"past {at:g} Gb/s a doubled spine shortens geopipe's step by under 1 %"
-                                        if at else "no point in the modelled range: more rate still helps"))
+        lines.append(f"- {km:g} km: " + (f"past {at:g} Gb/s the next spine rate modelled shortens geopipe's step by "
+                                        "under 1 %" if at else "no point in the modelled range: more rate still helps"))
     return "\n".join(lines) + "\n"
 
 
