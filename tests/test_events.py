@@ -1,6 +1,6 @@
 """Events during a run (testbed/run/events.py) on a scripted backend and clock: when an event is armed (rank 0's
 end of the iteration before it, in the workers' interleaved order), applied and undone; an outage holds the
-link's packets (its HTB class slowed to PAUSE_RATE_BPS, then put back to the plan's rate) rather than touching
+link's packets (its HTB class slowed to one MTU per outage, then put back to the plan's rate) rather than touching
 the delay line; a change goes through set_link and is put back; everything is undone when the run ends; and the
 record lands in summary.json and trace.json."""
 
@@ -85,7 +85,10 @@ def test_an_outage_holds_both_directions_then_puts_the_plans_rate_back(scripted:
     scripted.clock.now += 0.06
     player.tick()
     directions = scripted.plan.directions
-    assert scripted.calls == [("rate", d.src_node, d.src_ifname, E.PAUSE_RATE_BPS) for d in directions]
+    # one frame of the link's MTU per outage: 200 ms at MTU 9000 is (9000 + 14) x 8 / 0.2 = 360.56 kbit/s
+    assert scripted.calls == [("rate", d.src_node, d.src_ifname, (d.mtu + 14) * 8 / 0.2) for d in directions]
+    assert {d.mtu for d in directions} == {9000} and E.pause_rate_bps(9000, 0.2) == pytest.approx(360_560)
+    assert E.pause_rate_bps(1500, 100.0) == E.PAUSE_RATE_BPS                # the floor: HTB's 32-bit ticks
     assert player.wait_s() == pytest.approx(0.2)
     scripted.calls.clear()
     scripted.clock.now += 0.2

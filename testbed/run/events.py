@@ -9,7 +9,7 @@ before the first timed iteration the workers' reference compute runs too, so an 
 from the warm-up's end.) In a dilated run every offset and duration is k times longer, as the run itself is.
 
 What:
-- `LinkDown(a, b, for_s)`: both directions of the link stop carrying: their HTB class is set to PAUSE_RATE_BPS,
+- `LinkDown(a, b, for_s)`: both directions of the link stop carrying: their HTB class is set to `pause_rate_bps`,
   so packets queue in the rate limiter's queue (sized to hold every sender's TCP window: lossless links do not
   drop) and leave, in order, when the rate is put back `for_s` later. The delay line and netem are not touched.
 - `LinkChange(a, b, delay_s=..., rate_bps=..., for_s=...)`: new values through `set_link` (the code of
@@ -33,13 +33,23 @@ from typing import Any
 from testbed.backends.base import Backend
 from testbed.deploy.linkset import set_link
 from testbed.errors import TestbedError
+from testbed.plan.builder import ETH_OVERHEAD
 from testbed.plan.model import LinkDirection
 from testbed.shaping import htb
 from testbed.util.interrupts import cleanup
 
 PAUSE_RATE_BPS = 1000.0
-"""The rate of a link that is down: low enough that nothing passes in an outage of seconds, high enough that
-HTB's buffer (burst over rate) stays within its 32-bit tick counts."""
+"""The floor of a down link's rate (`pause_rate_bps`): HTB's buffer (burst over rate) stays within its 32-bit tick
+counts."""
+
+
+def pause_rate_bps(mtu: int, for_s: float) -> float:
+    """The rate of a link that is down for `for_s`: one frame of the link's MTU per outage. HTB charges a packet
+    after sending it, at the class's rate then, and a changed class keeps its tokens: the first packet dequeued
+    after the pause begins still leaves, and its cost is what the restored link owes. At 1000 bit/s a 9000-byte
+    frame left a 72 s deficit that stalled the run after a 200 ms outage; at this rate the cost ends with the
+    outage, and at most about one frame (and HTB's burst) leaves during it."""
+    return max(PAUSE_RATE_BPS, (mtu + ETH_OVERHEAD) * 8 / for_s)
 
 
 class EventError(TestbedError, ValueError):
@@ -252,7 +262,7 @@ class EventPlayer:
             if isinstance(action, LinkDown):
                 directions = _link_directions(self.backend, action.a, action.b)
                 for d in directions:
-                    self._rate(d, PAUSE_RATE_BPS)
+                    self._rate(d, pause_rate_bps(d.mtu, action.for_s * self.factor))
                 undo = self._resume(action)
             else:
                 before = _link_directions(self.backend, action.a, action.b)
