@@ -92,12 +92,7 @@ def plan_dilation(mode: str, workers: int, cpus: int, timed: bool = False) -> Di
                         f"auto: {workers} workers capped at {cap:.3f} core each leave {RESERVE_CORES:g} of {cpus} "
                         f"cores to the delay daemons, communication threads and kernel: k = {workers} / ({cpus} - "
                         f"{RESERVE_CORES:g}) = {1 / cap:.3f}")
-    try:
-        factor = float(mode)
-    except ValueError:
-        raise DilationError(f"--dilation {mode!r}: use off, auto or a factor such as 1.25") from None
-    if factor < 1:
-        raise DilationError(f"--dilation {factor:g}: a factor is at least 1 (1 is off)")
+    factor = _factor(mode)
     if factor == 1:
         return OFF
     reserve = cpus - workers / factor
@@ -109,6 +104,17 @@ def plan_dilation(mode: str, workers: int, cpus: int, timed: bool = False) -> Di
                     f"asked: {workers} workers capped at {1 / factor:.3f} core each leave {reserve:.2f} of {cpus} cores")
 
 
+def _factor(mode: str) -> float:
+    """`--dilation`'s factor: a number of at least 1."""
+    try:
+        factor = float(mode)
+    except ValueError:
+        raise DilationError(f"--dilation {mode!r}: use off, auto or a factor such as 1.25") from None
+    if factor < 1:
+        raise DilationError(f"--dilation {factor:g}: a factor is at least 1 (1 is off)")
+    return factor
+
+
 def _slow_motion(mode: str, workers: int, cpus: int) -> Dilation:
     """Compute as time: `auto` gives each worker's messages the share of the cores one core per worker would
     (k = workers / cores, 1 where they fit); a factor is taken as it is."""
@@ -116,12 +122,7 @@ def _slow_motion(mode: str, workers: int, cpus: int) -> Dilation:
         factor = max(1.0, workers / cpus)
         reason = f"auto, compute as time: {workers} workers on {cpus} cores, k = {workers} / {cpus}"
     else:
-        try:
-            factor = float(mode)
-        except ValueError:
-            raise DilationError(f"--dilation {mode!r}: use off, auto or a factor such as 1.25") from None
-        if factor < 1:
-            raise DilationError(f"--dilation {factor:g}: a factor is at least 1 (1 is off)")
+        factor = _factor(mode)
         reason = f"asked, compute as time: k = {factor:g}"
     if factor == 1:
         return OFF
