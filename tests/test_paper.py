@@ -10,8 +10,8 @@ import json
 import pytest
 from conftest import netns_with_prefix
 
-from testbed.experiment.paper import PaperPoint, PaperSpec, optimisation_point, run_paper
-from testbed.experiment.paper_report import cuts, report
+from testbed.experiment.paper import PaperPoint, PaperSpec, run_paper
+from testbed.experiment.paper_report import cuts, optimisation_point, report
 from testbed.plan import build_plan
 from testbed.run.shapeplan import links_of_plan
 from testbed.topology.loader import load_topology

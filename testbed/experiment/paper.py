@@ -25,6 +25,7 @@ from typing import Any
 from testbed.backends.base import Backend
 from testbed.deploy import lifecycle
 from testbed.deploy.linkset import set_link
+from testbed.experiment.paper_report import plot, report
 from testbed.run.runner import RunOptions, run_schedules
 from testbed.run.shapeplan import links_of_plan, profile_costs
 from testbed.topology.profile import resolve_profile
@@ -33,9 +34,6 @@ from testbed.util.paths import resolve_topology
 from workloads.shapes import PLANNED, ShapeOutcome, ShapeSpace, plan_shapes
 
 FIBRE_S_PER_KM = 5e-6
-OPTIMUM_GAIN = 0.01
-"""The optimisation point: the lowest spine rate past which the next one modelled shortens geopipe's step by
-under 1 %."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -186,20 +184,8 @@ def model_curve(spec: PaperSpec) -> list[dict[str, Any]]:
     return rows
 
 
-def optimisation_point(curve: list[dict[str, Any]], km: float, schedule: str = "geopipe") -> float | None:
-    """The lowest spine rate past which the next one shortens `schedule`'s modelled step by under OPTIMUM_GAIN."""
-    rows = sorted((r for r in curve if r["distance_km"] == km and r["schedule"] == schedule and r["step_s"]),
-                  key=lambda r: r["spine_gbps"])
-    for a, b in zip(rows, rows[1:], strict=False):
-        if 1 - b["step_s"] / a["step_s"] < OPTIMUM_GAIN:
-            return a["spine_gbps"]
-    return None
-
-
 def write_outputs(out: Path, spec: PaperSpec, points: list[PaperPoint], curve: list[dict[str, Any]]) -> None:
     """summary.json, points.csv, report.md and paper.png: what was measured, even if it stopped early."""
-    from testbed.experiment.paper_report import plot, report
-
     (out / "summary.json").write_text(json.dumps({"spec": asdict(spec), "points": [p.to_json() for p in points],
                                                   "model_curve": curve}, indent=1))
     with (out / "points.csv").open("w", newline="") as fh:

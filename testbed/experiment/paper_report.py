@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+OPTIMUM_GAIN = 0.01
+"""The optimisation point: the lowest spine rate past which the next one modelled shortens geopipe's step by
+under 1 %."""
 PAPER_BUBBLE_CUT = 0.7891
 PAPER_ITERATION_CUT = 0.091
 BUBBLE_DEFINITION = (
@@ -43,8 +46,6 @@ def cuts(points: list[Any], against: str = "1f1b") -> list[dict[str, Any]]:
 
 def report(spec: Any, points: list[Any], curve: list[dict[str, Any]]) -> str:
     """The whole report as Markdown."""
-    from testbed.experiment.paper import optimisation_point
-
     lines = [f"# GeoPipe's experiment in its regime: {spec.profile} on {spec.topology}",
              "", f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {platform.node()} ({platform.release()}); compute as "
              f"time from the profile, {spec.tokens} tokens per step, {spec.iterations} timed iterations per run. "
@@ -83,6 +84,16 @@ def _largest(rows: list[dict[str, Any]]) -> str:
             f"{top['bubble_cut']:.1%} lower (model {_f(top['bubble_cut_model'], '.1%')}), iteration "
             f"{_f(top['step_cut'], '.1%')} shorter (model {_f(top['step_cut_model'], '.1%')}). The paper reports up "
             f"to {PAPER_BUBBLE_CUT:.2%} lower bubble and {PAPER_ITERATION_CUT:.1%} shorter iterations on average.")
+
+
+def optimisation_point(curve: list[dict[str, Any]], km: float, schedule: str = "geopipe") -> float | None:
+    """The lowest spine rate past which the next one shortens `schedule`'s modelled step by under OPTIMUM_GAIN."""
+    rows = sorted((r for r in curve if r["distance_km"] == km and r["schedule"] == schedule and r["step_s"]),
+                  key=lambda r: r["spine_gbps"])
+    for a, b in zip(rows, rows[1:], strict=False):
+        if 1 - b["step_s"] / a["step_s"] < OPTIMUM_GAIN:
+            return a["spine_gbps"]
+    return None
 
 
 def plot(path: Path, spec: Any, points: list[Any], curve: list[dict[str, Any]]) -> None:
