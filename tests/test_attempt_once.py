@@ -88,7 +88,7 @@ def attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[
                             shaper=SimpleNamespace(release_error_s={labels[0]: 20e-6}))
     backend = SimpleNamespace(state=state, name="netns")
     monkeypatch.setattr(runner, "restore_links", lambda _b: False)
-    monkeypatch.setattr(runner, "plan_dilation", lambda *_a: dilation)
+    monkeypatch.setattr(runner, "plan_dilation", lambda *_a, **_k: dilation)
     monkeypatch.setattr(runner, "choose_transport", lambda *_a: TransportChoice("tcp", "scripted"))
     monkeypatch.setattr(runner, "run_table", lambda *_a: None)
     shaper = SimpleNamespace(drops=lambda: [])
