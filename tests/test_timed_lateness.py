@@ -12,6 +12,7 @@ import time
 
 import pytest
 import torch
+from test_timed_executor import _Arrival
 
 import workloads.stagecompute as stagecompute
 from workloads import schedule as S
@@ -69,19 +70,6 @@ def test_a_late_wake_up_is_recorded_at_its_actual_end_and_the_spans_it_made_late
     for k in range(3, 7):                    # their deadlines passed while span 2 slept: not on time
         assert spans[k].late_s >= over - (k - 2) * f - SLACK, (k, spans[k])
         assert spans[k].actual_end >= late.actual_end
-
-
-class _Arrival:
-    """A LocalTransport receive that says whether its message is already there (as gloo's work does)."""
-
-    def __init__(self, pending) -> None:
-        self.pending = pending
-
-    def is_completed(self) -> bool:
-        return not self.pending.box.empty()
-
-    def wait(self) -> None:
-        self.pending.wait()
 
 
 class _Posting(LocalTransport):
