@@ -503,7 +503,9 @@ def check_experiment(args: argparse.Namespace) -> None:
         memory_budget=None if args.memory_budget in (None, "", "none") else _budget(args.memory_budget,
                                                                                     "--memory-budget"),
         results=args.results, backend=args.backend, switch=args.switch, transports=_transports(args.transport),
-        dilation=_dilation(args.dilation), compute=_compute(args.compute), stages=args.stages)
+        dilation=_dilation(args.dilation), compute=_compute(args.compute), stages=args.stages,
+        shape=None if args.shape is None else list(_shape(args.shape)),
+        tokens=_quantity(units.parse_count, args.tokens, "--tokens") if args.tokens else None)
     if args.quick:
         from testbed.api import ExperimentSpec as Quick
 
@@ -681,6 +683,10 @@ def args_experiment(p: argparse.ArgumentParser) -> None:
                    help="budget of the headline runs (1f1b, 1f1b-prefetch, geopipe; enforced): bytes or 1f1b+N, "
                         "or none")
     p.add_argument("--microbatches", type=int, default=64, help="micro-batches per iteration")
+    p.add_argument("--tokens", help="tokens per step (e.g. 256Ki): --microbatches derived as tokens / (b s) of the "
+                                    "micro-batch and recorded")
+    p.add_argument("--shape", help="with --compute PROFILE: the micro-batch as BxS (e.g. 1x1024; default: the "
+                                   "profile's)")
     p.add_argument("--stages", type=int, help="pipeline stages, spread evenly over the DCs (default: one per DC)")
     p.add_argument("--iterations", type=int, default=3,
                    help="timed iterations of each schedule per run, interleaved (after one warm-up)")

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,24 @@ def test_no_error_is_re_raised_through_its_text_and_none_is_known_by_its_name() 
             text = path.read_text()
             assert "(str(exc)) from" not in text, f"{path}: re-raises an error as another through str(exc)"
     assert "__name__ ==" not in (REPO / "testbed" / "cli.py").read_text().replace('__name__ == "__main__"', "")
+
+
+
+def test_an_experiment_takes_a_token_budget_and_a_shape_and_derives_its_micro_batch_count() -> None:
+    from testbed.experiment.records import ExperimentSpec
+    from testbed.run.runner import RunError, RunOptions
+
+    def spec(*argv: str) -> Any:
+        args = cli.build_parser().parse_args(["experiment", "3dc-8stages", *argv])
+        cli.check_experiment(args)
+        return args.spec
+
+    planned = spec("--compute", "llama2-13b-910b-tp8", "--tokens", "256Ki", "--shape", "2x2048", "--stages", "8")
+    assert (planned.tokens, planned.shape, planned.microbatches) == (262144, [2, 2048], 64)
+    assert ExperimentSpec.from_json(dataclasses.asdict(planned)) == planned      # as --resume reads it back
+    per = RunOptions(schedules=["1f1b"]).tokens_per_microbatch()              # the real model's b x its sequence
+    assert spec("--tokens", str(40 * per)).microbatches == 40
+    with pytest.raises(RunError, match="not a whole number of micro-batches"):
+        spec("--compute", "llama2-13b-910b-tp8", "--tokens", "1000", "--shape", "1x1024")
+    with pytest.raises(RunError, match="--microbatch-counts"):
+        spec("--compute", "llama2-13b-910b-tp8", "--tokens", "256Ki", "--microbatch-counts", "8,16")

@@ -59,6 +59,24 @@ class ExperimentSpec:
     """Every run's compute (`--compute`): real, replay, replay:FILE or a deployment profile (workloads/compute.py)."""
     stages: int | None = None
     """Pipeline stages (default: one per DC), spread evenly over the DCs."""
+    shape: list[int] | None = None
+    """A deployment profile's micro-batch [b, s] (`--shape BxS`); None: the profile's own."""
+    tokens: int | None = None
+    """Tokens per step (`--tokens`): `microbatches` derived as tokens / (b s) of the run's micro-batch, as a run
+    derives it (testbed/run/runner.py's RunOptions), and recorded; None: `microbatches` as given."""
+
+    def __post_init__(self) -> None:
+        if self.tokens is None and self.shape is None:
+            return
+        from testbed.run.runner import RunError, RunOptions
+
+        if self.tokens is not None and self.microbatch_counts:
+            raise RunError(f"--tokens {self.tokens} fixes the micro-batch count; a --microbatch-counts sweep "
+                           "would change it: give one or the other")
+        self.shape = None if self.shape is None else [int(x) for x in self.shape]
+        self.microbatches = RunOptions(schedules=["1f1b"], compute=self.compute, model=self.model,
+                                       shape=None if self.shape is None else (self.shape[0], self.shape[1]),
+                                       tokens=self.tokens, microbatches=self.microbatches).microbatches
 
     @property
     def headline_schedules(self) -> list[str]:

@@ -240,7 +240,8 @@ class Experiment:
         options = RunOptions(schedules=schedules, microbatches=first.microbatches, iterations=s.iterations,
                              model=s.model, memory_budget=first.budget, transport=first.transport,
                              unbudgeted=[st.schedule for st in group if st.applied_budget is None],
-                             dilation=s.dilation, sweep=sweep, compute=s.compute, stages=s.stages)
+                             dilation=s.dilation, sweep=sweep, compute=s.compute, stages=s.stages,
+                             shape=None if s.shape is None else (s.shape[0], s.shape[1]))
         elapsed = time.monotonic() - self.started + self.seconds_before
         self.log(f"[{elapsed:5.0f} s] {first.sweep}: {', '.join(f'{km:g}' for km in kms)} km, "
                  f"{first.rate_bps / 1e6:g} Mbit/s, m={first.microbatches}, {', '.join(schedules)}"
