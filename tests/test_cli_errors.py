@@ -20,8 +20,8 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
