@@ -236,6 +236,11 @@ def cmd_paper(args: argparse.Namespace) -> int:
     out = run_paper(args.spec)
     print((out / "report.md").read_text())
     print(f"results: {out} (report.md, paper.png, summary.json, points.csv)")
+    wrong = [r["schedule"] for r in json.loads((out / "summary.json").read_text())["real_beside"] if not r["ok"]]
+    if wrong:
+        print(f"testbed: the real-arithmetic run of {', '.join(wrong)} did not train as one process does (see "
+              "report.md)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -245,19 +250,38 @@ def args_paper(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", default="256Ki", help="tokens per step, the same for every schedule and shape")
     p.add_argument("--spines", default="100,400", help="spine rates in Gb/s, comma-separated")
     p.add_argument("--distances", default="0,1000", help="km per OTN span, comma-separated")
+    p.add_argument("--schedule", default="1f1b,1f1b-prefetch,geopipe",
+                   help="comma-separated, each at the shape the planner chose for it")
     p.add_argument("--iterations", type=int, default=2, help="timed iterations per run (after one warm-up)")
     p.add_argument("--dilation", default="auto", help="slow motion: off, auto (workers / cores) or a factor")
     p.add_argument("--results", default="results", help="where the experiment's folder goes")
+    p.add_argument("--no-real", action="store_true",
+                   help="leave out the short real-arithmetic run on the same links after the figure set")
 
 
 def check_paper(args: argparse.Namespace) -> None:
     from testbed.experiment.paper import PaperSpec
+    from testbed.experiment.real_beside import RealBesideSpec
 
     args.spec = PaperSpec(topology=args.topology, profile=args.compute,
                           tokens=_quantity(units.parse_count, args.tokens, "--tokens"),
                           spines_gbps=_numbers(args.spines, "--spines"), distances_km=_numbers(args.distances,
                                                                                                "--distances"),
-                          iterations=args.iterations, dilation=_dilation(args.dilation), results=args.results)
+                          iterations=args.iterations, dilation=_dilation(args.dilation), results=args.results,
+                          schedules=tuple(_planned_schedules(args.schedule)),
+                          real_beside=None if args.no_real else RealBesideSpec())
+
+
+def _planned_schedules(text: str) -> list[str]:
+    """`testbed paper --schedule`: those the shape planner knows."""
+    from workloads.shapes import PLANNED
+
+    chosen = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in chosen if x not in PLANNED]
+    if bad or not chosen:
+        raise UsageError(f"--schedule: {bad[0] if bad else '(none)'!r} is not one the shape planner plans",
+                         hint=f"choose from {', '.join(PLANNED)}")
+    return chosen
 
 
 def cmd_cli(args: argparse.Namespace) -> int:

@@ -269,3 +269,16 @@ def test_an_experiment_takes_a_token_budget_and_a_shape_and_derives_its_micro_ba
         spec("--compute", "llama2-13b-910b-tp8", "--tokens", "1000", "--shape", "1x1024")
     with pytest.raises(RunError, match="--microbatch-counts"):
         spec("--compute", "llama2-13b-910b-tp8", "--tokens", "256Ki", "--microbatch-counts", "8,16")
+
+
+def test_the_paper_command_takes_its_schedules_and_can_leave_out_the_real_run() -> None:
+    def spec(*argv: str) -> Any:
+        args = cli.build_parser().parse_args(["paper", *argv])
+        cli.check_paper(args)
+        return args.spec
+
+    assert spec().schedules == ("1f1b", "1f1b-prefetch", "geopipe") and spec().real_beside is not None
+    chosen = spec("--schedule", "1f1b,geopipe", "--no-real")
+    assert chosen.schedules == ("1f1b", "geopipe") and chosen.real_beside is None
+    with pytest.raises(cli.UsageError, match="not one the shape planner plans"):
+        spec("--schedule", "gpipe")

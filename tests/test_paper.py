@@ -12,6 +12,7 @@ from conftest import netns_with_prefix
 
 from testbed.experiment.paper import PaperPoint, PaperSpec, run_paper
 from testbed.experiment.paper_report import cuts, optimisation_point, report
+from testbed.experiment.real_beside import RealBesideSpec
 from testbed.plan import build_plan
 from testbed.run.shapeplan import links_of_plan
 from testbed.topology.loader import load_topology
@@ -69,7 +70,8 @@ def test_the_report_puts_the_papers_figures_beside_the_largest_cut() -> None:
 def test_the_experiment_on_two_dcs_leaves_its_report_and_nothing_running(tmp_path) -> None:
     spec = PaperSpec(topology="2dc-1000km", profile="gpt-7b-h100", tokens=2**15, spines_gbps=[400.0],
                      distances_km=[1000.0], schedules=("1f1b", "geopipe"), iterations=1, seq_lens=(4096,),
-                     microbatch_sizes=(1, 2), model_spines_gbps=[100.0, 400.0], results=str(tmp_path))
+                     microbatch_sizes=(1, 2), model_spines_gbps=[100.0, 400.0], results=str(tmp_path),
+                     real_beside=RealBesideSpec(stages=2, iterations=2))
     out = run_paper(spec, log=lambda _m: None)
     summary = json.loads((out / "summary.json").read_text())
     assert [p["schedule"] for p in summary["points"]] == ["1f1b", "geopipe"]
@@ -77,4 +79,8 @@ def test_the_experiment_on_two_dcs_leaves_its_report_and_nothing_running(tmp_pat
         assert p["step_s"] > 0 and p["links_on_time"] is not False and p["dilation"] >= 1
         assert abs(p["planned"]["step_s"] / p["step_s"] - 1) < 0.10, p      # the model within 10 % on 2 stages
     assert (out / "paper.png").stat().st_size > 10_000 and "geopipe's cut" in (out / "report.md").read_text()
+    real = summary["real_beside"]                 # the small GPT for real on the same links: as one process trains
+    assert [r["schedule"] for r in real] == ["1f1b", "geopipe"] and all(r["ok"] for r in real), real
+    assert all(r["loss_last"] < r["loss_first"] and r["gradient_gap"] < 1e-3 for r in real)
+    assert "real arithmetic (this host's regime)" in (out / "report.md").read_text()
     assert netns_with_prefix("tb-pp") == []

@@ -26,6 +26,7 @@ from testbed.backends.base import Backend
 from testbed.deploy import lifecycle
 from testbed.deploy.linkset import set_link
 from testbed.experiment.paper_report import plot, report
+from testbed.experiment.real_beside import RealBesideResult, RealBesideSpec, render, train_beside
 from testbed.run.runner import RunOptions, run_schedules
 from testbed.run.shapeplan import links_of_plan, profile_costs
 from testbed.topology.profile import resolve_profile
@@ -56,6 +57,9 @@ class PaperSpec:
     model_spines_gbps: list[float] = field(default_factory=lambda: [6.25, 12.5, 25, 100, 400])
     """Spine rates the model alone covers (the optimisation point's curve)."""
     results: str = "results"
+    real_beside: RealBesideSpec | None = field(default_factory=RealBesideSpec)
+    """After the figure set, the small GPT trained for real on the same links (testbed/experiment/real_beside.py);
+    None: not."""
 
     @property
     def space(self) -> ShapeSpace:
@@ -96,6 +100,7 @@ def run_paper(spec: PaperSpec, log: Callable[[str], None] = print) -> Path:
     out = Path(spec.results) / (time.strftime("%Y%m%d-%H%M%S") + "-paper")
     out.mkdir(parents=True, exist_ok=True)
     points: list[PaperPoint] = []
+    real: list[RealBesideResult] = []
     topology = str(resolve_topology(spec.topology))
     try:
         with lifecycle.testbed_for(topology, name=f"pp{int(time.time()) % 100000}", log=lambda _m: None) as backend:
@@ -103,11 +108,17 @@ def run_paper(spec: PaperSpec, log: Callable[[str], None] = print) -> Path:
                 for km in spec.distances_km:
                     set_spine(backend, spine * 1e9, km)
                     points += measure_point(backend, spec, spine, km, out, log)
+            if spec.real_beside is not None:
+                real = train_beside(backend, spec.real_beside, out, spec.distances_km[-1])
+                for r in real:
+                    log(f"real arithmetic, {r.schedule}: loss {r.loss_first:.4f} -> {r.loss_last:.4f} (one process "
+                        f"{r.one_process_first:.4f} -> {r.one_process_last:.4f}), gradient gap {r.gradient_gap:.1e}, "
+                        f"step {r.step_s:.3f} s at F+B {r.fb_ms:.1f} ms: {'ok' if r.ok else 'NOT the same training'}")
     except BaseException:
         with cleanup():
-            write_outputs(out, spec, points, [])          # what was measured, at once (the model's curve takes a minute)
+            write_outputs(out, spec, points, [], real)    # what was measured, at once (the model's curve takes a minute)
         raise
-    write_outputs(out, spec, points, model_curve(spec))
+    write_outputs(out, spec, points, model_curve(spec), real)
     return out
 
 
@@ -184,10 +195,13 @@ def model_curve(spec: PaperSpec) -> list[dict[str, Any]]:
     return rows
 
 
-def write_outputs(out: Path, spec: PaperSpec, points: list[PaperPoint], curve: list[dict[str, Any]]) -> None:
+def write_outputs(out: Path, spec: PaperSpec, points: list[PaperPoint], curve: list[dict[str, Any]],
+                  real: list[RealBesideResult] | None = None) -> None:
     """summary.json, points.csv, report.md and paper.png: what was measured, even if it stopped early."""
+    real = real or []
     (out / "summary.json").write_text(json.dumps({"spec": asdict(spec), "points": [p.to_json() for p in points],
-                                                  "model_curve": curve}, indent=1))
+                                                  "model_curve": curve, "real_beside": [r.to_json() for r in real]},
+                                                 indent=1))
     with (out / "points.csv").open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["spine_gbps", "distance_km", "schedule", "b", "s", "m", "fb_ms", "step_s", "step_model_s",
@@ -196,5 +210,5 @@ def write_outputs(out: Path, spec: PaperSpec, points: list[PaperPoint], curve: l
             w.writerow([p.spine_gbps, p.distance_km, p.schedule, p.planned.microbatch_size, p.planned.seq_len,
                         p.planned.microbatches, p.fb_ms, p.step_s, p.planned.step_s, p.bubble, p.planned.bubble,
                         " ".join(map(str, p.planned.extra)), " ".join(map(str, p.extra_run)), p.links_on_time])
-    (out / "report.md").write_text(report(spec, points, curve))
+    (out / "report.md").write_text(report(spec, points, curve) + ("\n" + render(real) if real else ""))
     plot(out / "paper.png", spec, points, curve)
