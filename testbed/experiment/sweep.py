@@ -1,4 +1,4 @@
-"""`testbed experiment` / `make demo`: the GeoPipe experiment end to end.
+"""`testbed experiment` / `make demo-real`: the GeoPipe experiment end to end, real arithmetic by default.
 
 Bring the default topology up and verify it; sweep the cross-DC distance (the link's one-way delay at
 5 us/km, both directions) running each schedule under the headline memory budget; repeat the focus distance
