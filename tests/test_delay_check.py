@@ -4,8 +4,10 @@ however noisy its probes."""
 
 from __future__ import annotations
 
-from testbed.check.links import delay_check
+from testbed.check.links import delay_check, spread_limit
+from testbed.plan.model import LinkDirection
 from testbed.probe.latency import LatencySample
+from testbed.shaping.base import DirectionDrops
 
 PLAN = 12e-3
 
@@ -37,3 +39,30 @@ def test_a_quiet_sample_has_one_symmetric_bound() -> None:
     check = _check(quiet)
     assert check.ok and "±" in check.expected
     assert not _check([v - 0.5 for v in quiet]).ok and not _check([v + 0.45 for v in quiet]).ok
+
+
+def _one_way(values_ms: list[float], limit_s: float):
+    return delay_check("one-way", "a -> b", 5e-3, 0.1e-3, LatencySample(tuple(v * 1e-3 for v in values_ms), 0),
+                       len(values_ms), "a -> b", spread_limit_s=limit_s)
+
+
+def test_a_spread_beyond_the_planned_jitter_fails_however_centred_its_median() -> None:
+    jittered = [1.2, 2.0, 2.9, 3.8, 4.9, 5.1, 6.2, 7.1, 8.0, 8.8]            # +-4 ms around 5 ms: IQR ~4 ms
+    unplanned = _one_way(jittered, spread_limit(_direction(jitter_s=0.0)))
+    assert not unplanned.ok and "a jitter the plan does not state" in unplanned.measured, unplanned
+    assert _one_way(jittered, spread_limit(_direction(jitter_s=4e-3))).ok            # the same, planned
+    assert _one_way([5.0 + 0.02 * i for i in range(10)], spread_limit(_direction(jitter_s=0.0))).ok
+
+
+def test_random_drops_are_intended_only_where_the_plan_states_a_loss() -> None:
+    drops = DirectionDrops(link="a--b", direction="a -> b", qdisc_drops=0, random_drops=3)
+    assert drops.unintended == 0
+    assert drops.beyond_plan(planned_loss=0.0) == 3
+    assert drops.beyond_plan(planned_loss=0.01) == 0
+    assert DirectionDrops(link="a--b", direction="a -> b", qdisc_drops=2).beyond_plan(0.01) == 2
+
+
+def _direction(jitter_s: float) -> LinkDirection:
+    return LinkDirection(link="a--b", src_dc="a", dst_dc="b", src_node="a-rtr", src_ifname="otn0", dst_node="b-rtr",
+                         dst_ifname="otn0", delay_s=5e-3, rate_bps=1e8, jitter_s=jitter_s, loss=0.0, lossless=True,
+                         mtu=1500, bdp_bytes=125000, rate_queue_packets=100, delay_queue_packets=100)

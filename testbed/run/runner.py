@@ -474,6 +474,12 @@ def _tail(path: Path, chars: int = 1500) -> str:
         return "(no log)"
 
 
+def planned_drops(shaper: Shaper | None, plan: Plan) -> dict[tuple[str, str], int]:
+    """Per (link, direction): the drops so far that the plan does not allow (DirectionDrops.beyond_plan)."""
+    loss = {d.label: d.loss for d in plan.directions}
+    return {(d.link, d.direction): d.beyond_plan(loss.get(d.direction, 0.0)) for d in (shaper.drops() if shaper else [])}
+
+
 def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
                   run_id: str | None = None, log: Callable[[str], None] = print) -> tuple[Path, RunSummary]:
     """Every schedule of `options` on one running testbed, interleaved iteration by iteration in one launch of
@@ -514,7 +520,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         table.save(run_dir / "compute.json")
     log(describe_compute(options.compute, table))
     shaper = shaper_for(backend)
-    drops_before = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
+    drops_before = planned_drops(shaper, plan)
     restarts_before = _restarts(shaper)
     delay_checks = check_delays(backend, probes=10)
     daemons = sum(1 for p in backend.state.processes if p.role in daemon_roles())
@@ -578,7 +584,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         check_budget(entry, measured)
         summaries.append(measured)
     metrics.pool_references(summaries)
-    drops_after = {(d.link, d.direction): d.unintended for d in (shaper.drops() if shaper else [])}
+    drops_after = planned_drops(shaper, plan)
     links = []
     for d in plan.directions:
         check = next((c for c in delay_checks if c.kind == "one-way" and c.key == d.label), None)

@@ -46,6 +46,11 @@ class DirectionDrops:
     def unintended(self) -> int:
         return self.qdisc_drops + self.queue_drops + self.daemon_gaps + self.lost_without_listener
 
+    def beyond_plan(self, planned_loss: float) -> int:
+        """Drops the plan does not allow: every unintended one, and the configured-loss drops too where the
+        plan states no loss (a daemon told to drop behind the plan's back is a fault, not an intention)."""
+        return self.unintended + (self.random_drops if planned_loss == 0 else 0)
+
 
 @dataclass(slots=True)
 class Health:
