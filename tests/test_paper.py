@@ -84,3 +84,26 @@ def test_the_experiment_on_two_dcs_leaves_its_report_and_nothing_running(tmp_pat
     assert all(r["loss_last"] < r["loss_first"] and r["gradient_gap"] < 1e-3 for r in real)
     assert "real arithmetic (this host's regime)" in (out / "report.md").read_text()
     assert netns_with_prefix("tb-pp") == []
+
+
+def test_the_network_blind_model_is_the_same_shape_at_0_km_and_far_from_a_long_links_step() -> None:
+    """At 3000 km 1F1B's step pays the spans; the blind model does not, so the points that far can tell a right
+    link from a wrong one. At 0 km the two are one model."""
+    from testbed.experiment.paper import blind_step
+    from testbed.run.shapeplan import profile_costs
+    from workloads.shapes import ShapeSpace, plan_shapes
+
+    spec = PaperSpec(spines_gbps=[400], distances_km=[3000], real_beside=None)
+    plan = build_plan(load_topology(resolve_topology("3dc-8stages")))
+    profile = resolve_profile(spec.profile)
+    stages, far = links_of_plan(plan, profile, delay_s=3000 * 5e-6, real_rate_bps=400e9)
+    shape = plan_shapes("1f1b", spec.tokens, profile_costs(profile, stages), far, ShapeSpace((8,), (1024,))).best
+    assert shape is not None
+    blind = blind_step(plan, spec, "1f1b", shape)
+    assert blind is not None and blind < 0.9 * shape.step_s
+    point = PaperPoint(spine_gbps=400, distance_km=3000, schedule="1f1b", planned=shape, step_s=shape.step_s,
+                       blind_step_s=blind)
+    assert point.blind_error == pytest.approx(blind / shape.step_s - 1) and point.blind_error < -0.1
+    _, near = links_of_plan(plan, profile, delay_s=0.0)
+    at_zero = plan_shapes("1f1b", spec.tokens, profile_costs(profile, stages), near, ShapeSpace((8,), (1024,))).best
+    assert at_zero is not None and blind == pytest.approx(at_zero.step_s)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,8 @@ from testbed.deploy import lifecycle
 from testbed.deploy.linkset import set_link
 from testbed.experiment.paper_report import plot, report
 from testbed.experiment.real_beside import RealBesideResult, RealBesideSpec, render, train_beside
+from testbed.plan.model import Plan
+from testbed.run.dilation import plan_dilation
 from testbed.run.runner import RunOptions, run_schedules
 from testbed.run.shapeplan import links_of_plan, profile_costs
 from testbed.topology.profile import resolve_profile
@@ -66,6 +69,12 @@ class PaperSpec:
         return ShapeSpace(tuple(self.microbatch_sizes), tuple(self.seq_lens))
 
 
+HANG_STEPS = 10
+"""A run of the figure set is stopped as hung after this many of its modelled (dilated) steps without progress,
+60 s at least: a 70B stage at k = 4 takes ~45 s a step, and geopipe's warm-up, before its dN is sized, longer
+(a 60 s bound stopped a right 70B geopipe run at 200 Gb/s and 1000 km)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class PaperPoint:
     """One schedule at one spine rate and distance: its planned shape and the model's and the run's figures."""
@@ -86,10 +95,17 @@ class PaperPoint:
     """Every stage's timed spans within the lateness bound (testbed/run/lateness.py)."""
     dilation: float = 1.0
     run_dir: str = ""
+    blind_step_s: float | None = None
+    """The network-blind model: the same schedule and shape with every OTN span at 0 km. Where its error is as
+    small as the model's, the point cannot tell a right link from a wrong one; where it is large, it can."""
 
     @property
     def model_error(self) -> float | None:
         return None if self.step_s is None else self.planned.step_s / self.step_s - 1
+
+    @property
+    def blind_error(self) -> float | None:
+        return None if self.step_s is None or self.blind_step_s is None else self.blind_step_s / self.step_s - 1
 
     def to_json(self) -> dict[str, Any]:
         return {**{k: v for k, v in asdict(self).items() if k != "planned"}, "planned": self.planned.to_json()}
@@ -146,13 +162,24 @@ def measure_point(backend: Backend, spec: PaperSpec, spine: float, km: float, ou
         if best is None:
             log(f"{spine:g} Gb/s, {km:g} km, {schedule}: no shape fits the HBM")
             continue
-        point = PaperPoint(spine_gbps=spine, distance_km=km, schedule=schedule, planned=best)
+        point = PaperPoint(spine_gbps=spine, distance_km=km, schedule=schedule, planned=best,
+                           blind_step_s=blind_step(backend.state.plan, spec, schedule, best))
         run_point(backend, spec, point, stages, out)
         log(f"{spine:g} Gb/s, {km:g} km, {schedule:13} {best.shape_text}: step {point.step_s:.3f} s "
             f"(model {best.step_s:.3f} s, {point.model_error:+.1%}), bubble {point.bubble:.3f} "
             f"(model {best.bubble:.3f})" + (f", dN {point.extra_run}" if point.extra_run else ""))
         points.append(point)
     return points
+
+
+def blind_step(plan: Plan, spec: PaperSpec, schedule: str, shape: ShapeOutcome) -> float | None:
+    """The model's step for `schedule` at `shape`'s (b, s) with every OTN span at 0 km (the network-blind model;
+    geopipe's dN sized for 0 km, as a planner blind to the links would size it)."""
+    profile = resolve_profile(spec.profile)
+    stages, links = links_of_plan(plan, profile, delay_s=0.0)
+    blind = plan_shapes(schedule, spec.tokens, profile_costs(profile, stages), links,
+                        ShapeSpace((shape.microbatch_size,), (shape.seq_len,))).best
+    return blind.step_s if blind else None
 
 
 def run_point(backend: Backend, spec: PaperSpec, point: PaperPoint, stages: int, out: Path) -> None:
@@ -162,9 +189,10 @@ def run_point(backend: Backend, spec: PaperSpec, point: PaperPoint, stages: int,
     table = resolve_profile(spec.profile).table(stages, [], shape.microbatch_size, shape.seq_len)
     hbm_free = (table.hbm_bytes or 0) - (table.resident_bytes or 0)
     label = f"{point.spine_gbps:g}G-{point.distance_km:g}km-{point.schedule}"
+    factor = plan_dilation(spec.dilation, stages, os.cpu_count() or 1, timed=True).factor
     opts = RunOptions(schedules=[point.schedule], compute=spec.profile, shape=(shape.microbatch_size, shape.seq_len),
                       tokens=spec.tokens, iterations=spec.iterations, stages=stages, memory_budget=hbm_free,
-                      dilation=spec.dilation)
+                      dilation=spec.dilation, hang_timeout_s=max(60.0, HANG_STEPS * shape.step_s * factor))
     run_dir, summary = run_schedules(backend, opts, out / "runs", run_id=label, log=lambda _m: None)
     measured = summary.schedules[0]
     point.step_s, point.bubble = measured.step_time_s, measured.bubble_vs_reference
@@ -205,10 +233,11 @@ def write_outputs(out: Path, spec: PaperSpec, points: list[PaperPoint], curve: l
     with (out / "points.csv").open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["spine_gbps", "distance_km", "schedule", "b", "s", "m", "fb_ms", "step_s", "step_model_s",
-                    "bubble", "bubble_model", "dN_planned", "dN_run", "links_on_time"])
+                    "bubble", "bubble_model", "dN_planned", "dN_run", "links_on_time", "step_blind_model_s"])
         for p in points:
             w.writerow([p.spine_gbps, p.distance_km, p.schedule, p.planned.microbatch_size, p.planned.seq_len,
                         p.planned.microbatches, p.fb_ms, p.step_s, p.planned.step_s, p.bubble, p.planned.bubble,
-                        " ".join(map(str, p.planned.extra)), " ".join(map(str, p.extra_run)), p.links_on_time])
+                        " ".join(map(str, p.planned.extra)), " ".join(map(str, p.extra_run)), p.links_on_time,
+                        p.blind_step_s])
     (out / "report.md").write_text(report(spec, points, curve) + ("\n" + render(real) if real else ""))
     plot(out / "paper.png", spec, points, curve)

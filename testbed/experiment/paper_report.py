@@ -51,13 +51,16 @@ def report(spec: Any, points: list[Any], curve: list[dict[str, Any]]) -> str:
              f"time from the profile, {spec.tokens} tokens per step, {spec.iterations} timed iterations per run. "
              "Every schedule runs at the shape the planner chose for it at that point (workloads/shapes.py).",
              "", BUBBLE_DEFINITION, "", "## Points", "",
-             "| spine Gb/s | km | schedule | b x s, m | dN planned / run | F+B ms | step s (model, error) | bubble (model) "
-             "| links |", "|---|---|---|---|---|---|---|---|---|"]
+             "The network-blind model is the same schedule and shape with every OTN span at 0 km: a point where its "
+             "error is near the model's cannot tell a right link from a wrong one.", "",
+             "| spine Gb/s | km | schedule | b x s, m | dN planned / run | F+B ms | step s (model, error) "
+             "| network-blind model (error) | bubble (model) | links |", "|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         o = p.planned
         lines.append(f"| {p.spine_gbps:g} | {p.distance_km:g} | {p.schedule} | {o.microbatch_size} x {o.seq_len}, "
                      f"{o.microbatches} | {list(o.extra) or '-'} / {p.extra_run or '-'} | {_f(p.fb_ms, '.1f')} | "
-                     f"{_f(p.step_s)} ({_f(o.step_s)}, {_f(p.model_error, '+.1%')}) | {_f(p.bubble)} ({_f(o.bubble)}) "
+                     f"{_f(p.step_s)} ({_f(o.step_s)}, {_f(p.model_error, '+.1%')}) | "
+                     f"{_f(p.blind_step_s)} ({_f(p.blind_error, '+.1%')}) | {_f(p.bubble)} ({_f(o.bubble)}) "
                      f"| {'-' if p.links_on_time is None else ('on time' if p.links_on_time else 'LATE')} |")
     lines += ["", "## geopipe's cut", "", "| spine Gb/s | km | against | bubble cut (model) | iteration cut (model) |",
               "|---|---|---|---|---|"]
