@@ -123,7 +123,7 @@ def run_paper(spec: PaperSpec, log: Callable[[str], None] = print) -> Path:
             for spine in spec.spines_gbps:
                 for km in spec.distances_km:
                     set_spine(backend, spine * 1e9, km)
-                    points += measure_point(backend, spec, spine, km, out, log)
+                    measure_point(backend, spec, spine, km, out, log, points)
             if spec.real_beside is not None:
                 real = train_beside(backend, spec.real_beside, out, spec.distances_km[-1])
                 for r in real:
@@ -151,11 +151,11 @@ def set_spine(backend: Backend, spine_bps: float, km: float) -> None:
 
 
 def measure_point(backend: Backend, spec: PaperSpec, spine: float, km: float, out: Path,
-                  log: Callable[[str], None]) -> list[PaperPoint]:
-    """Plan each schedule's shape at the links as they are, then run it there."""
+                  log: Callable[[str], None], points: list[PaperPoint]) -> None:
+    """Plan each schedule's shape at the links as they are, run it there, and append it to `points` as soon as
+    it is measured (a later schedule that fails or is stopped does not take the earlier ones with it)."""
     profile = resolve_profile(spec.profile)
     stages, links = links_of_plan(backend.state.plan, profile)
-    points = []
     for schedule in spec.schedules:
         plan = plan_shapes(schedule, spec.tokens, profile_costs(profile, stages), links, spec.space)
         best = plan.best
@@ -169,7 +169,6 @@ def measure_point(backend: Backend, spec: PaperSpec, spine: float, km: float, ou
             f"(model {best.step_s:.3f} s, {point.model_error:+.1%}), bubble {point.bubble:.3f} "
             f"(model {best.bubble:.3f})" + (f", dN {point.extra_run}" if point.extra_run else ""))
         points.append(point)
-    return points
 
 
 def blind_step(plan: Plan, spec: PaperSpec, schedule: str, shape: ShapeOutcome) -> float | None:
