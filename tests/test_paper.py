@@ -99,7 +99,7 @@ def test_the_network_blind_model_is_the_same_shape_at_0_km_and_far_from_a_long_l
     stages, far = links_of_plan(plan, profile, delay_s=3000 * 5e-6, real_rate_bps=400e9)
     shape = plan_shapes("1f1b", spec.tokens, profile_costs(profile, stages), far, ShapeSpace((8,), (1024,))).best
     assert shape is not None
-    blind = blind_step(plan, spec, "1f1b", shape)
+    blind = blind_step(plan, profile, spec.tokens, "1f1b", shape)
     assert blind is not None and blind < 0.9 * shape.step_s
     point = PaperPoint(spine_gbps=400, distance_km=3000, schedule="1f1b", planned=shape, step_s=shape.step_s,
                        blind_step_s=blind)

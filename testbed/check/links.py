@@ -82,7 +82,7 @@ def delay_check(kind: str, subject: str, want: float, floor_s: float, sample: La
     median up, and only a link shorter than its plan moves it down. Both bounds are stated in the check. With
     `spread_limit_s`, the samples' IQR must be within it too (a jitter the plan does not state)."""
     spread_ok = spread_limit_s is None or sample.iqr_s <= spread_limit_s
-    tol = delay_tolerance(want, floor_s, min(sample.iqr_s, spread_limit_s or sample.iqr_s))
+    tol = delay_tolerance(want, floor_s, sample.iqr_s if spread_limit_s is None else min(sample.iqr_s, spread_limit_s))
     below = delay_tolerance(want, floor_s)
     got = sample.median_s
     ok = sample.lost == 0 and not math.isnan(got) and want - below <= got <= want + tol + above_s and spread_ok
@@ -189,9 +189,7 @@ def check_drops(shaper: Shaper | None) -> list[Check]:
     if shaper is None:
         return []
     checks = []
-    planned_loss = {d.label: d.loss for d in shaper.directions}
-    for d in shaper.drops():
-        loss = planned_loss.get(d.direction, 0.0)
+    for d, loss in shaper.drops_with_planned_loss():
         detail = f"qdisc {d.qdisc_drops}, nfqueue {d.queue_drops}, daemon gaps {d.daemon_gaps}"
         if d.random_drops:
             detail += (f" (+{d.random_drops} intended, configured loss)" if loss else

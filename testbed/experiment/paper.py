@@ -32,7 +32,7 @@ from testbed.plan.model import Plan
 from testbed.run.dilation import plan_dilation
 from testbed.run.runner import RunOptions, run_schedules
 from testbed.run.shapeplan import links_of_plan, profile_costs
-from testbed.topology.profile import resolve_profile
+from testbed.topology.profile import DeploymentProfile, resolve_profile
 from testbed.util.interrupts import cleanup
 from testbed.util.paths import resolve_topology
 from workloads.shapes import PLANNED, ShapeOutcome, ShapeSpace, plan_shapes
@@ -163,7 +163,7 @@ def measure_point(backend: Backend, spec: PaperSpec, spine: float, km: float, ou
             log(f"{spine:g} Gb/s, {km:g} km, {schedule}: no shape fits the HBM")
             continue
         point = PaperPoint(spine_gbps=spine, distance_km=km, schedule=schedule, planned=best,
-                           blind_step_s=blind_step(backend.state.plan, spec, schedule, best))
+                           blind_step_s=blind_step(backend.state.plan, profile, spec.tokens, schedule, best))
         run_point(backend, spec, point, stages, out)
         log(f"{spine:g} Gb/s, {km:g} km, {schedule:13} {best.shape_text}: step {point.step_s:.3f} s "
             f"(model {best.step_s:.3f} s, {point.model_error:+.1%}), bubble {point.bubble:.3f} "
@@ -171,12 +171,11 @@ def measure_point(backend: Backend, spec: PaperSpec, spine: float, km: float, ou
         points.append(point)
 
 
-def blind_step(plan: Plan, spec: PaperSpec, schedule: str, shape: ShapeOutcome) -> float | None:
+def blind_step(plan: Plan, profile: DeploymentProfile, tokens: int, schedule: str, shape: ShapeOutcome) -> float | None:
     """The model's step for `schedule` at `shape`'s (b, s) with every OTN span at 0 km (the network-blind model;
     geopipe's dN sized for 0 km, as a planner blind to the links would size it)."""
-    profile = resolve_profile(spec.profile)
     stages, links = links_of_plan(plan, profile, delay_s=0.0)
-    blind = plan_shapes(schedule, spec.tokens, profile_costs(profile, stages), links,
+    blind = plan_shapes(schedule, tokens, profile_costs(profile, stages), links,
                         ShapeSpace((shape.microbatch_size,), (shape.seq_len,))).best
     return blind.step_s if blind else None
 

@@ -474,10 +474,10 @@ def _tail(path: Path, chars: int = 1500) -> str:
         return "(no log)"
 
 
-def planned_drops(shaper: Shaper | None, plan: Plan) -> dict[tuple[str, str], int]:
+def planned_drops(shaper: Shaper | None) -> dict[tuple[str, str], int]:
     """Per (link, direction): the drops so far that the plan does not allow (DirectionDrops.beyond_plan)."""
-    loss = {d.label: d.loss for d in plan.directions}
-    return {(d.link, d.direction): d.beyond_plan(loss.get(d.direction, 0.0)) for d in (shaper.drops() if shaper else [])}
+    pairs = shaper.drops_with_planned_loss() if shaper else []
+    return {(d.link, d.direction): d.beyond_plan(loss) for d, loss in pairs}
 
 
 def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
@@ -520,7 +520,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         table.save(run_dir / "compute.json")
     log(describe_compute(options.compute, table))
     shaper = shaper_for(backend)
-    drops_before = planned_drops(shaper, plan)
+    drops_before = planned_drops(shaper)
     restarts_before = _restarts(shaper)
     delay_checks = check_delays(backend, probes=10)
     daemons = sum(1 for p in backend.state.processes if p.role in daemon_roles())
@@ -584,7 +584,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         check_budget(entry, measured)
         summaries.append(measured)
     metrics.pool_references(summaries)
-    drops_after = planned_drops(shaper, plan)
+    drops_after = planned_drops(shaper)
     links = []
     for d in plan.directions:
         check = next((c for c in delay_checks if c.kind == "one-way" and c.key == d.label), None)

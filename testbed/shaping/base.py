@@ -107,6 +107,11 @@ class Shaper(ABC):
     def drops(self) -> list[DirectionDrops]:
         """Drop counters per OTN direction."""
 
+    def drops_with_planned_loss(self) -> list[tuple[DirectionDrops, float]]:
+        """Each direction's drop counters beside the loss its plan states (for `DirectionDrops.beyond_plan`)."""
+        loss = {d.label: d.loss for d in self.directions}
+        return [(d, loss.get(d.direction, 0.0)) for d in self.drops()]
+
     # -- optional capabilities: a shaper that has none answers neutrally ----------------------------
     def hold_counters(self) -> dict[str, tuple[int, float]]:
         """Per direction (label) whose holds this shaper times itself: packets released so far and the sum of
