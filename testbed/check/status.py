@@ -160,11 +160,11 @@ def shaper_status(state: TestbedState, shaper: Shaper | None) -> ShaperStatus:
 
 
 def _drops(shaper: Shaper | None) -> dict[str, int]:
-    """Unintended drops per direction label, for a testbed that is up and shaped."""
+    """Drops the plan does not allow per direction label (as a run counts them), for a testbed up and shaped."""
     if shaper is None:
         return {}
     try:
-        return {d.direction: d.unintended for d in shaper.drops()}
+        return {d.direction: d.beyond_plan(loss) for d, loss in shaper.drops_with_planned_loss()}
     except BackendError:          # a namespace is gone: health says so
         return {}
 
