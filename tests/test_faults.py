@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +23,11 @@ from testbed.backends.base import Backend
 from testbed.check.checks import Check
 from testbed.check.links import check_delays, check_drops, check_throughput, spread_limit
 from testbed.deploy import lifecycle
+from testbed.experiment.model import StageTimes
+from testbed.experiment.sweep import link_excess
 from testbed.probe.latency import one_way
 from testbed.shaping.registry import shaper_for
+from workloads.records import RankTrace
 
 pytestmark = pytest.mark.root
 
@@ -141,3 +146,30 @@ def test_a_drop_on_a_lossless_link_fails_the_drop_check(link: Backend) -> None:
     assert sample.lost > 0, sample
     assert not drops[AB].ok and "random drops the plan does not state" in drops[AB].measured, drops[AB]
     assert drops[BA].ok, drops[BA]
+
+
+def _probed_cost(backend: Backend, out: Path) -> StageTimes:
+    """One short launch of the workers (compute as time, no dilation, so the link stays as injected): what their
+    start-up message probe read on the stage link beyond the plan's delay and transfer (workloads/probe.py)."""
+    run_cli("run", backend.state.plan.testbed, "--compute", "replay", "--schedule", "1f1b", "--microbatches", "4",
+            "--iterations", "1", "--transport", "tcp", "--dilation", "off", "--results", str(out), timeout=300)
+    rank0 = RankTrace.from_json(json.loads(next(out.glob("*/1f1b/rank-0.json")).read_text()))
+    return StageTimes(forward_s=[0.0], backward_s=[0.0], activation_bytes=0, stash_bytes=[0],
+                      probed_cost_per_link_s=list(rank0.message_cost_s))
+
+
+def test_a_delay_10_percent_long_reads_as_the_links_error_beyond_verifys_tolerance(link: Backend,
+                                                                                    tmp_path: Path) -> None:
+    """The experiment's link-error check (testbed.experiment.sweep.link_excess): a launch's probe beyond a
+    reference launch's on the right link. A second launch on the right link reads within verify's one-way
+    tolerance (0.15 ms at 5 ms); with one direction 10 % long the round-trip probe reads half of its 0.5 ms,
+    beyond it. The model takes none of this as input, so it cannot absorb the fault."""
+    planned = [5e-3]
+    reference = _probed_cost(link, tmp_path / "reference")
+    again = [link_excess(_probed_cost(link, tmp_path / f"right-{i}"), reference, planned) for i in range(ROUNDS)]
+    with injected(link, "dc-a -> dc-b", delay_s=5.5e-3):
+        faulted, bound = link_excess(_probed_cost(link, tmp_path / "faulted"), reference, planned)
+    assert bound == [pytest.approx(0.15e-3)]
+    assert any(abs(e[0]) <= b[0] for e, b in again), again               # host noise may fail one launch, not all
+    assert faulted[0] > bound[0], (faulted, bound)
+    assert faulted[0] == pytest.approx(0.25e-3, abs=0.1e-3), faulted

@@ -146,3 +146,33 @@ def test_every_schedule_is_judged_by_one_yardstick_per_layout() -> None:
     assert one.bubble_vs_reference == pytest.approx(1 - (0.45 + 0.7) / 2 / 2.0)
     assert geo.bubble_vs_reference == pytest.approx(1 - (0.45 + 0.7) / 2 / 1.0)
     assert geo.span_stretch_per_stage == pytest.approx([0.8 / 0.45, 0.8 / 0.7])
+
+
+def test_link_error_is_each_launchs_probe_beyond_the_0km_launchs_judged_against_verifys_tolerance() -> None:
+    from testbed.experiment.sweep import link_excess
+    base = StageTimes(forward_s=[0.0, 0.0], backward_s=[0.0, 0.0], activation_bytes=0, stash_bytes=[0, 0],
+                      probed_cost_per_link_s=[0.4e-3, -0.1e-3])
+    launch = StageTimes(forward_s=[0.0, 0.0], backward_s=[0.0, 0.0], activation_bytes=0, stash_bytes=[0, 0],
+                        probed_cost_per_link_s=[0.45e-3, 0.4e-3])
+    excess, bound = link_excess(launch, base, [0.0, 10e-3])
+    assert excess == [pytest.approx(0.05e-3), pytest.approx(0.5e-3)]
+    assert bound == [pytest.approx(0.1e-3), pytest.approx(0.3e-3)]     # the floor at 0 km, 3 % of 10 ms
+    assert link_excess(launch, StageTimes([0.0], [0.0], 0, [0]), [0.0, 10e-3]) == (None, None)
+
+
+def test_the_report_judges_the_independent_model_and_shows_the_blind_one_and_the_link_error(tmp_path: Path) -> None:
+    right, slow = _point("distance", 0, "1f1b", 0.2, 0.2, step=1.0), _point("distance", 2000, "1f1b", 0.5, 0.5, step=2.0)
+    right.predicted_step_from_0km_s, right.predicted_step_blind_s = 1.01, 1.01
+    slow.predicted_step_from_0km_s, slow.predicted_step_blind_s = 1.96, 1.0
+    right.link_excess_s, right.link_excess_bound_s = [0.02e-3], [0.1e-3]
+    slow.link_excess_s, slow.link_excess_bound_s = [0.6e-3], [0.3e-3]
+    record = ExperimentRecord(id="t", spec=ExperimentSpec(schedules=["1f1b"]), points=[right, slow],
+                              environment={"shaper": "delayline", "transport": "gloo-tcp", "kernel": "k", "cpus": 2,
+                                           "versions": {}, "seconds": 1.0}, model_inputs=TIMES)
+    lines = "\n".join(report.headline(record))
+    assert "from inputs independent of the links it predicts" in lines
+    assert "step time within 2.0% of the measurement at every point (2 points" in lines
+    assert "The network-blind model (every delay 0): within 50.0%" in lines and "1 of 2 points beyond 3%" in lines
+    assert "largest +0.600 ms against verify's tolerance 0.300 ms (1f1b at 2000 km); BEYOND it: 1f1b @2000 km" in lines
+    headers, rows = report.cut_rows(record)
+    assert rows[1][headers.index("model step error per schedule (network-blind model's)")] == "1f1b -2.0% (-50.0%)"

@@ -31,6 +31,11 @@ DISTURBED_RUNS = 3
 CPU steal or other processes): those measure the host, not the link, and the check says how many there were."""
 
 
+RTT_FLOOR_S = 0.2e-3
+ONE_WAY_FLOOR_S = 0.1e-3
+"""The smallest tolerance a round trip and a one-way delay get (delay_tolerance's floor)."""
+
+
 def delay_tolerance(expected_s: float, floor_s: float, spread_s: float = 0.0) -> float:
     """max(3 %, floor, 1.5 x the samples' IQR): the goal for RTT uses a 0.2 ms floor, one way half of it.
 
@@ -63,14 +68,14 @@ def check_delays(backend: Backend, probes: int = 10) -> list[Check]:
         by_link.setdefault(d.link, []).append(d)
         sample = one_way(backend.netns_path(d.src_node), backend.netns_path(d.dst_node), plan.receiver_address(d),
                          count=probes, timeout_s=max(1.0, 4 * d.delay_s + 0.5))
-        checks.append(delay_check("one-way", f"{d.link} {d.label}", d.delay_s, 0.1e-3, sample, probes, d.label,
+        checks.append(delay_check("one-way", f"{d.link} {d.label}", d.delay_s, ONE_WAY_FLOOR_S, sample, probes, d.label,
                                   spread_limit_s=spread_limit(d)))
     for link, directions in by_link.items():
         fwd = directions[0]
         want = sum(d.delay_s for d in directions)
         sample = round_trip(backend.netns_path(fwd.src_node), plan.receiver_address(fwd), count=probes,
                             timeout_s=max(1.0, 4 * want + 0.5))
-        checks.append(delay_check("rtt", f"{link} from {fwd.src_dc}", want, 0.2e-3, sample, probes, link))
+        checks.append(delay_check("rtt", f"{link} from {fwd.src_dc}", want, RTT_FLOOR_S, sample, probes, link))
     return checks
 
 

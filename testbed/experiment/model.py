@@ -43,6 +43,9 @@ class StageTimes:
     """The transport's measured cost per message beyond delay and transfer (largest over the links)."""
     message_cost_per_link_s: list[float] | None = None
     """The same per stage link (each link's own probe; never below 0)."""
+    probed_cost_per_link_s: list[float] | None = None
+    """Per stage link, the probe's reading as it was (signed: a link that delivers early reads below 0); what a
+    launch at another link setting reads beyond it is that link's error (sweep.link_excess), never model input."""
     rate_scale: list[float] | None = None
     """Compute as time from a deployment profile: per stage link, the deployment's rate over the emulated one
     (the run's messages were the deployment's bytes over it); None: 1."""
@@ -99,7 +102,8 @@ def stage_times(ranks: list[RankTrace]) -> StageTimes:
     return StageTimes(fwd, bwd, int(ranks[0].activation_bytes or 0), stash, dispatch, reference, samples, cost,
                       per_link, list(table.rate_scale) if table and table.rate_scale else None, ranks[0].config.timed,
                       _median_lags(ranks, "send_lag_s"), _median_lags(ranks, "recv_lag_s"),
-                      receives_first=ranks[0].posted_receives_first, start_offset_s=start_offsets(ranks))
+                      receives_first=ranks[0].posted_receives_first, start_offset_s=start_offsets(ranks),
+                      probed_cost_per_link_s=list(ranks[0].message_cost_s) or None)
 
 
 def _median_lags(ranks: list[RankTrace], field: str) -> list[float] | None:

@@ -128,7 +128,19 @@ class Point:
     """tcp (gloo) or rdma (RC queue pairs over SoftRoCE): what the run's workers used, and what the model assumed."""
     predicted_step_from_0km_s: float | None = None
     """The model's step fed by the 0 km 1f1b launch instead: what a user predicting from one 0 km run gets (it
-    also carries the host's drift between launches, 10-30 % over minutes on the project's 2-core VMs)."""
+    also carries the host's drift between launches, 10-30 % over minutes on the project's 2-core VMs). Its inputs
+    are independent of this point's links: the host's costs calibrated once at 0 km, the plan's delays and rates."""
+    predicted_bubble_from_0km: float | None = None
+    predicted_step_blind_s: float | None = None
+    """The network-blind model: the same 0 km inputs with every stage link's delay at 0 (the schedule's 0 km step
+    at every distance). Where its error is as small as the model's, the point cannot tell a right link from a
+    wrong one."""
+    link_excess_s: list[float] | None = None
+    """Per stage link: what this launch's message-cost probe read beyond the 0 km launch's (signed, seconds): the
+    link's own error against the plan (a delay 10 % long reads +10 % of the delay), judged against
+    `link_excess_bound_s` and never fed to the model."""
+    link_excess_bound_s: list[float] | None = None
+    """Per stage link: verify's one-way delay tolerance at the point's delay (testbed.check.links.delay_tolerance)."""
 
     @property
     def bubble(self) -> float | None:

@@ -18,6 +18,9 @@ from testbed.util.hostload import COMPUTE_SLOWDOWN_FLAG, FOREIGN_BOUND, HOST_DRI
 
 MODEL_DIVERGENCE = 0.20
 PAPER_CUT = 0.7891
+BLIND_MARGIN = 0.03
+"""A point tests the links only where the network-blind model misses it by more than this (the model's own
+agreement bound, docs/compute.md)."""
 """The GeoPipe paper's largest bubble cut against 1F1B (arXiv 2510.12064)."""
 
 
@@ -38,17 +41,25 @@ def _fmt_cut(cut: float | None) -> str:
 def cut_rows(record: ExperimentRecord) -> tuple[list[str], list[list[str]]]:
     """Per distance: geopipe's bubble cut against 1f1b and against the strong baseline (1f1b-prefetch), from
     the medians over repetitions, and how far the model's step was from each schedule's measured step."""
-    headers = ["distance km", "cut vs 1f1b", "cut vs 1f1b-prefetch", "model step error (per schedule)"]
+    headers = ["distance km", "cut vs 1f1b", "cut vs 1f1b-prefetch",
+               "model step error per schedule (network-blind model's)"]
     rows = []
     for km in sorted({p.distance_km for p in record.sweep("distance")}):
         pts = record.headline_points(km=km)
         geo = _median_of(pts, "geopipe")
-        errors = [f"{s} {statistics.median(e):+.1%}" for s in record.spec.schedules
-                  if (e := [p.predicted_step_s / p.measured.step_time_s - 1 for p in pts
-                            if p.schedule == s and p.predicted_step_s and p.measured.step_time_s])]
+        errors = [f"{s} {_median_error(pts, s, 'predicted_step_from_0km_s')}"
+                  f" ({_median_error(pts, s, 'predicted_step_blind_s')})" for s in record.spec.schedules
+                  if any(p.schedule == s and p.predicted_step_from_0km_s for p in pts)]
         rows.append([f"{km:g}", _fmt_cut(_cut(geo, _median_of(pts, "1f1b"))),
                      _fmt_cut(_cut(geo, _median_of(pts, "1f1b-prefetch"))), ", ".join(errors) or "-"])
     return headers, rows
+
+
+def _median_error(points: list[Point], schedule: str, field: str) -> str:
+    """The median over `schedule`'s points of the prediction in `field` against the measured step."""
+    errors = [getattr(p, field) / p.measured.step_time_s - 1 for p in points
+              if p.schedule == schedule and getattr(p, field) and p.measured.step_time_s]
+    return f"{statistics.median(errors):+.1%}" if errors else "-"
 
 
 def paper_line(record: ExperimentRecord) -> str | None:
@@ -347,13 +358,16 @@ def headline(record: ExperimentRecord) -> list[str]:
     if env.get("dilation"):
         lines.append(f"Time dilation: {env['dilation']}.")
     if record.model_inputs is not None:
-        lines.append(f"Model (fitted to nothing): fed by each launch's own compute (its 1f1b's spans as a distribution, "
-                     f"the executor's time between them or, with compute as time, its lag to each post; each stage's "
-                     f"start; the probed per-message cost) and the configured link, its "
-                     f"step time is {_model_error(record, 'predicted_step_s')}; fed by the 0 km launch alone (what "
-                     f"predicts a distance not emulated; per-message cost {record.message_overhead_s * 1e3:.2f} ms), "
-                     f"{_model_error(record, 'predicted_step_from_0km_s')}, the rest being the host's drift between "
-                     "launches.")
+        lines.append(f"Model (fitted to nothing) from inputs independent of the links it predicts (the 0 km 1f1b "
+                     f"launch's compute and host costs, per-message cost {record.message_overhead_s * 1e3:.2f} ms, "
+                     f"and the plan's delays and rates): step time "
+                     f"{_model_error(record, 'predicted_step_from_0km_s')}. The network-blind model (every delay 0): "
+                     f"{_model_error(record, 'predicted_step_blind_s')}; only points where it is far off test the "
+                     f"links ({_discriminating(record)}). Fed each launch's own lags, start offsets and probe (which "
+                     f"absorb a wrong link; named so): {_model_error(record, 'predicted_step_s')}.")
+        excess = link_excess_line(record)
+        if excess:
+            lines.append(excess)
     for m in record.model_only:
         lines.append(f"Model only (not emulated): {m.schedule} at {m.distance_km:g} km -> bubble "
                      f"{m.bubble:.3f}, step {m.step_s:.3f} s.")
@@ -373,6 +387,28 @@ def lateness_line(record: ExperimentRecord) -> str | None:
             f"span, at least {LATE_FLOOR_S * 1e3:.1f} ms; a run beyond it is measured again like a disturbed one: "
             + (f"{len(late)} kept late ({', '.join(late)}), their figures carry the lateness." if late
                else "none was kept late."))
+
+
+def _discriminating(record: ExperimentRecord) -> str:
+    """How many points the network-blind model misses by more than BLIND_MARGIN (those that can catch a link)."""
+    pts = [p for p in record.points if p.predicted_step_blind_s and p.measured.step_time_s]
+    far = [p for p in pts if abs(p.predicted_step_blind_s / p.measured.step_time_s - 1) > BLIND_MARGIN]
+    return f"{len(far)} of {len(pts)} points beyond {BLIND_MARGIN:.0%}"
+
+
+def link_excess_line(record: ExperimentRecord) -> str | None:
+    """Each launch's probe beyond the 0 km launch's, per stage link: the links' own error against the plan,
+    the largest against verify's one-way tolerance at its delay; None where no launch has one."""
+    rows = [(e, b, p) for p in record.points if p.link_excess_s and p.link_excess_bound_s
+            for e, b in zip(p.link_excess_s, p.link_excess_bound_s, strict=True)]
+    if not rows:
+        return None
+    worst = max(rows, key=lambda r: abs(r[0]) / r[1])
+    beyond = sorted({f"{p.schedule} @{p.distance_km:g} km" for e, b, p in rows if abs(e) > b})
+    return (f"Link error (each launch's message probe beyond the 0 km launch's, per stage link; not fed to the "
+            f"model): largest {worst[0] * 1e3:+.3f} ms against verify's tolerance {worst[1] * 1e3:.3f} ms "
+            f"({worst[2].schedule} at {worst[2].distance_km:g} km); "
+            + (f"BEYOND it: {', '.join(beyond)}." if beyond else "every link within it."))
 
 
 def _model_error(record: ExperimentRecord, field: str) -> str:

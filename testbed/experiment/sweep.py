@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.backends.base import Backend, BackendError
+from testbed.check.links import ONE_WAY_FLOOR_S, delay_tolerance
 from testbed.check.verify import verify_testbed
 from testbed.deploy import lifecycle
 from testbed.deploy.linkset import set_link
@@ -290,8 +291,10 @@ class Experiment:
             self._predict(backend, p)
 
     def _predict(self, backend: Backend, point: Point) -> None:
-        """The model at this point's setting (the swept link's delay and rate on the stage links that cross DCs,
-        the fabric on the others), fed by the compute of the point's own launch, and by the 0 km launch's."""
+        """The models at this point's setting (the swept link's delay and rate on the stage links that cross DCs,
+        the fabric on the others): fed by the 0 km launch's host costs alone (independent of this point's links),
+        the same blind to the network (every delay 0), and, named as such, fed by this launch's own lags and
+        probe; beside them the link's own error (`link_excess`)."""
         if point.schedule not in MODELLED:
             return
         delays, rates = self._stage_links(backend, point.delay_s, point.rate_bps)
@@ -301,9 +304,16 @@ class Experiment:
                               transport=point.transport)
             point.predicted_bubble, point.predicted_step_s = bubble_vs_reference(pred, own), pred.iteration_s
         if self.times is not None:
-            pred, _ = predict(point.schedule, self.times, point.microbatches, delays, rates, point.memory_budget,
-                              self.overhead_s, transport=point.transport, measured_here=False)
-            point.predicted_step_from_0km_s = pred.iteration_s
+            for link_delays, blind in ((delays, False), ([0.0] * len(delays), True)):
+                pred, _ = predict(point.schedule, self.times, point.microbatches, link_delays, rates,
+                                  point.memory_budget, self.overhead_s, transport=point.transport, measured_here=False)
+                if blind:
+                    point.predicted_step_blind_s = pred.iteration_s
+                else:
+                    point.predicted_step_from_0km_s = pred.iteration_s
+                    point.predicted_bubble_from_0km = bubble_vs_reference(pred, self.times)
+            if own is not None:
+                point.link_excess_s, point.link_excess_bound_s = link_excess(own, self.times, delays)
 
     def _stage_links(self, backend: Backend | None, delay_s: float, rate_bps: float) -> tuple[list[float], list[float]]:
         """Delay and rate of every stage link with the swept link at (delay_s, rate_bps): it on the links that
@@ -370,7 +380,8 @@ class Experiment:
             writer.writerow(["sweep", "distance_km", "delay_ms", "rate_mbit", "microbatches", "schedule", "repetition",
                              "memory_budget", "rtt_ms", "bubble_vs_reference", "bubble_own_spans", "bubble_model",
                              "step_s", "step_model_s", "tokens_per_s", "exposed_comm_s", "peak_inflight_bytes",
-                             "span_stretch_max", "steal_fraction", "repeated", "loss_last"])
+                             "span_stretch_max", "steal_fraction", "repeated", "loss_last",
+                             "step_model_independent_s", "step_blind_model_s", "link_excess_max_ms"])
             for p in self.points:
                 m = p.measured
                 load = m.host_load
@@ -379,9 +390,23 @@ class Experiment:
                                  _r(p.bubble_own), _r(p.predicted_bubble), _r(m.step_time_s), _r(p.predicted_step_s),
                                  _r(m.tokens_per_s), _r(m.exposed_comm_s), m.peak_inflight_activation_bytes,
                                  _r(max(m.span_stretch_per_stage) if m.span_stretch_per_stage else None),
-                                 _r(load.steal_fraction if load else None), m.repeated, _r(m.loss_last)])
+                                 _r(load.steal_fraction if load else None), m.repeated, _r(m.loss_last),
+                                 _r(p.predicted_step_from_0km_s), _r(p.predicted_step_blind_s),
+                                 _r(max(p.link_excess_s, key=abs) if p.link_excess_s else None, 1e3)])
         plots.render_all(self.dir)
         report.write_report(self.dir)
+
+
+def link_excess(launch: StageTimes, at_0km: StageTimes, delays_s: list[float]) -> tuple[list[float] | None,
+                                                                                      list[float] | None]:
+    """Per stage link: what `launch`'s message-cost probe read beyond the 0 km launch's (the link's own error
+    against the plan: the probe subtracts the planned delay and transfer, so a delay 10 % long reads +10 % of
+    it) and verify's one-way tolerance at that link's delay. (None, None) where either launch has no probe."""
+    mine, base = launch.probed_cost_per_link_s, at_0km.probed_cost_per_link_s
+    if not mine or not base or len(mine) != len(base):
+        return None, None
+    return ([m - b for m, b in zip(mine, base, strict=True)],
+            [delay_tolerance(d, ONE_WAY_FLOOR_S) for d in delays_s])
 
 
 def _km_label(km: float) -> str:
