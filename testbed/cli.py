@@ -507,8 +507,7 @@ def check_topology(args: argparse.Namespace) -> None:
 
 
 def check_experiment(args: argparse.Namespace) -> None:
-    from testbed.experiment.records import ExperimentSpec
-
+    """The experiment's spec into args.spec; with --quick, quick's settings where the user gave no option."""
     if args.old_topology:
         if args.topology not in (DEFAULT_TOPOLOGY, args.old_topology):
             raise UsageError(f"two topologies given: {args.topology} and --topology {args.old_topology}",
@@ -516,7 +515,23 @@ def check_experiment(args: argparse.Namespace) -> None:
         args.topology = args.old_topology
     if not args.resume:
         check_topology(args)
-    args.spec = ExperimentSpec(
+    args.spec = _experiment_spec(args)
+    if args.quick:
+        from dataclasses import fields
+
+        from testbed.api import ExperimentSpec as Quick
+
+        default = _experiment_spec(build_parser().parse_args(["experiment", args.topology]))
+        given = {f.name: getattr(args.spec, f.name) for f in fields(args.spec)
+                 if getattr(args.spec, f.name) != getattr(default, f.name)}
+        args.spec = Quick.quick(**{**given, "topology": args.topology})    # every option the user gave wins
+
+
+def _experiment_spec(args: argparse.Namespace) -> Any:
+    """The experiment's spec from its options (testbed.experiment.records.ExperimentSpec)."""
+    from testbed.experiment.records import ExperimentSpec
+
+    return ExperimentSpec(
         topology=args.topology, microbatches=args.microbatches, iterations=args.iterations,
         distances_km=_numbers(args.distances, "--distances"), focus_km=args.focus, repetitions=args.repetitions,
         budgets=[_budget(x, "--memory-budgets") for x in args.memory_budgets.split(",") if x.strip()],
@@ -530,11 +545,6 @@ def check_experiment(args: argparse.Namespace) -> None:
         dilation=_dilation(args.dilation), compute=_compute(args.compute), stages=args.stages,
         shape=None if args.shape is None else list(_shape(args.shape)),
         tokens=_quantity(units.parse_count, args.tokens, "--tokens") if args.tokens else None)
-    if args.quick:
-        from testbed.api import ExperimentSpec as Quick
-
-        args.spec = Quick.quick(topology=args.topology, results=args.results, backend=args.backend, switch=args.switch,
-                                compute=args.spec.compute, dilation=args.spec.dilation, stages=args.stages)
 
 
 # ---- Each command's arguments. ------------------------------------------------------------------------------------
@@ -723,7 +733,7 @@ def args_experiment(p: argparse.ArgumentParser) -> None:
     _apparatus_args(p)
     p.add_argument("--quick", action="store_true",
                    help="the first look in about 15 s on 2 cores: 1000 km against 0 km, 1f1b and geopipe, 8 micro-batches, one "
-                        "repetition, the same report (make demo QUICK=1)")
+                        "repetition, the same report (make demo QUICK=1); any option given beside it is kept")
     p.add_argument("--resume", metavar="RESULTS_DIR",
                    help="complete a stopped experiment: run only its missing points, with its recorded options "
                         "(the options above are then ignored); refused if the topology, code or machine changed")

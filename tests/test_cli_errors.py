@@ -282,3 +282,18 @@ def test_the_paper_command_takes_its_schedules_and_can_leave_out_the_real_run() 
     assert chosen.schedules == ("1f1b", "geopipe") and chosen.real_beside is None
     with pytest.raises(cli.UsageError, match="not one the shape planner plans"):
         spec("--schedule", "gpipe")
+
+
+def test_quick_keeps_every_experiment_option_the_user_gave() -> None:
+    """`--quick` is quick's settings where the user gave no option; an option given beside it wins (it used to
+    be dropped without a word)."""
+    def spec(*argv: str) -> Any:
+        args = cli.build_parser().parse_args(["experiment", "2dc-1000km", *argv])
+        cli.check_experiment(args)
+        return args.spec
+
+    plain = spec("--quick")
+    assert plain.distances_km == [0.0, 1000.0] and plain.schedules == ["1f1b", "geopipe"] and plain.microbatches == 8
+    mine = spec("--quick", "--distances", "0,2000", "--schedule", "1f1b,1f1b-prefetch", "--microbatches", "16")
+    assert mine.distances_km == [0.0, 2000.0] and mine.schedules == ["1f1b", "1f1b-prefetch"]
+    assert mine.microbatches == 16 and mine.repetitions == 1 and mine.topology == "2dc-1000km"
