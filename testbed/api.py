@@ -24,7 +24,6 @@ import atexit
 import contextlib
 import csv
 import dataclasses
-import shlex
 import subprocess
 import sys
 import threading
@@ -736,67 +735,9 @@ class Testbed:
         source = self.backend.state.topology_source
         spec = dataclasses.replace(spec or ExperimentSpec(), topology=source, backend=self.backend.name, **fields_)
         with _guarded():
-            exp_dir = _ExperimentOn(spec, self.backend, self.log, Experiment).run()
+            exp_dir = Experiment(spec, log=self.log).run_on(self.backend)
         return ExperimentResult(exp_dir)
 
     def __repr__(self) -> str:
         return (f"Testbed({self.name!r}, topology={self.topology!r}, {len(self.hosts)} hosts, "
                 f"{len(self.links)} links, {'owned' if self.owned else 'attached'})")
-
-
-def _ExperimentOn(spec: _records.ExperimentSpec, backend: Backend, log: Callable[[str], None],
-                  base: type) -> Any:
-    """An Experiment (testbed/experiment/sweep.py) that sweeps a testbed already up instead of bringing its own."""
-    import json
-    import shutil
-
-    from testbed.deploy.linkset import set_link
-
-    class OnTestbed(base):  # type: ignore[misc, valid-type]
-        def run(self) -> Path:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            shutil.copy(spec.topology, self.dir / "topology.yaml")
-            swept = self._swept(backend)
-            before = [d for d in backend.state.plan.directions if {d.src_dc, d.dst_dc} == {swept.src_dc, swept.dst_dc}]
-            try:
-                self._verify(backend)
-                (self.dir / "plan.json").write_text(json.dumps(backend.state.plan.to_json(), indent=1))
-                self._sweeps(backend)
-            except BaseException as exc:
-                with cleanup():
-                    self._write(backend, stopped=str(exc) or type(exc).__name__)
-                raise
-            finally:
-                with cleanup():
-                    for d in before:
-                        set_link(backend, d.src_dc, d.dst_dc, from_dc=d.src_dc, delay_s=d.delay_s, rate_bps=d.rate_bps)
-            self._write(backend)
-            return self.dir
-
-    return OnTestbed(spec, log=log)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m testbed.api quick [--results DIR] [--compute MODE]`: the quick experiment (`make demo QUICK=1`)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m testbed.api", description=main.__doc__)
-    parser.add_argument("what", choices=["quick"], help="quick: one distance against 0 km, two schedules")
-    parser.add_argument("--results", default="results", help="results folder (default: results)")
-    parser.add_argument("--compute", default="real", help="real (default), replay, replay:FILE or a profile")
-    parser.add_argument("--backend", default="netns", help="netns (default) or mininet")
-    args, rest = parser.parse_known_args(argv)
-    if rest:
-        parser.error(f"unrecognized arguments: {shlex.join(rest)}")
-    try:
-        result = run_experiment(ExperimentSpec.quick(results=args.results, compute=args.compute, backend=args.backend))
-    except (BackendError, RunError) as exc:
-        print(f"testbed: {exc}", file=sys.stderr)
-        return 1
-    print(result.summary())
-    print(f"\nresults: {result.dir} (report.md, report.html, *.png, summary.json, points.csv)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -41,7 +41,7 @@ from testbed.plan.model import LinkDirection
 from testbed.probe.latency import round_trip
 from testbed.rdma.support import rxe_in_namespaces
 from testbed.run.dilation import plan_dilation
-from testbed.run.runner import LinkSweep, RunOptions, SweepPoint, run_schedules, stage_links
+from testbed.run.runner import LinkSweep, RunOptions, SweepPoint, run_schedules, stage_links, swept_link
 from testbed.topology import load_topology
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
 from testbed.util.interrupts import cleanup, raise_if_pending
@@ -169,6 +169,7 @@ class Experiment:
         return len(self.missing())
 
     def run(self) -> Path:
+        """Bring the topology up as a testbed of the experiment's own, measure on it (`measure`), take it down."""
         s = self.spec
         self.dir.mkdir(parents=True, exist_ok=True)
         topo_path = resolve_topology(s.topology)
@@ -184,18 +185,40 @@ class Experiment:
                 rxe_in_namespaces().require()
             with lifecycle.testbed_for(str(self.dir / "topology.yaml"), name=name, backend=s.backend, switch=s.switch,
                                        rdma=rdma, log=lambda _m: None) as backend:
-                self._verify(backend)
-                (self.dir / "plan.json").write_text(json.dumps(backend.state.plan.to_json(), indent=1))
-                self._sweeps(backend)
+                self.measure(backend)
             self.log(f"testbed {name} removed")
         except BaseException as exc:
-            with cleanup():
-                self._write(backend, stopped=str(exc) or type(exc).__name__)
+            if backend is None:                 # stopped before the testbed was up: the record says so too
+                with cleanup():
+                    self._write(None, stopped=str(exc) or type(exc).__name__)
             self.log(f"stopped ({exc or type(exc).__name__}); testbed {name} removed; {len(self.points)} points kept "
                      f"in {self.dir}: resume with 'testbed experiment --resume {self.dir}'")
             raise
-        self._write(backend)
         return self.dir
+
+    def run_on(self, backend: Backend) -> Path:
+        """The experiment on a testbed that is already up (the API's `Testbed.experiment`): the swept link is put
+        back as it was afterwards, whatever stopped the sweeps; the testbed stays up."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not self.resumed:
+            shutil.copy(resolve_topology(self.spec.topology), self.dir / "topology.yaml")
+        swept = self._swept(backend)
+        with swept_link(backend, LinkSweep(swept.src_dc, swept.dst_dc, [])):
+            self.measure(backend)
+        return self.dir
+
+    def measure(self, backend: Backend) -> None:
+        """Verify, the plan, every missing point's run and the model, then summary, report and plots; a stop
+        writes what was measured (partial, resumable) before it propagates."""
+        try:
+            self._verify(backend)
+            (self.dir / "plan.json").write_text(json.dumps(backend.state.plan.to_json(), indent=1))
+            self._sweeps(backend)
+        except BaseException as exc:
+            with cleanup():
+                self._write(backend, stopped=str(exc) or type(exc).__name__)
+            raise
+        self._write(backend)
 
     def _verify(self, backend: Backend) -> None:
         report = verify_testbed(backend, level="quick")
