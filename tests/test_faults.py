@@ -40,18 +40,22 @@ widens a round's spread), a fault fails it every time it is measured on a quiet 
 
 
 @pytest.fixture(scope="module")
-def link() -> Iterator[Backend]:
+def link(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     """One 1000 km testbed for the whole module (each test restores the link it faulted), verified: a delay
     line calibrated on a host stall subtracts too much and delivers early (4.81 ms for 5 ms, seen once), which
-    the checks rightly fail, so such a testbed is brought up again once, as the API's `Testbed.up` does."""
+    the checks rightly fail, so such a testbed is brought up again once, as the API's `Testbed.up` does. Its
+    state goes where every test's CLI looks (conftest's private state folder): a module fixture is set up before
+    the first test's own fixtures, so it sets the folder itself."""
     name = f"flt{time.monotonic_ns() % 100000}"
-    if run_cli("up", TOPO, "--name", name, "--shaper", "delayline", "--verify", "quick", check=False).returncode:
-        run_cli("down", name)
-        run_cli("up", TOPO, "--name", name, "--shaper", "delayline", "--verify", "quick")
-    try:
-        yield lifecycle.open_backend(name)
-    finally:
-        run_cli("down", name)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TESTBED_STATE_DIR", str(tmp_path_factory.getbasetemp() / "state"))
+        if run_cli("up", TOPO, "--name", name, "--shaper", "delayline", "--verify", "quick", check=False).returncode:
+            run_cli("down", name)
+            run_cli("up", TOPO, "--name", name, "--shaper", "delayline", "--verify", "quick")
+        try:
+            yield lifecycle.open_backend(name)
+        finally:
+            run_cli("down", name)
 
 
 @contextlib.contextmanager
