@@ -61,10 +61,7 @@ VerifyResult = VerifyReport
 """What `Testbed.verify` returns: `.ok`, `.checks` (each a `Check`: kind, subject, expected, measured, ok),
 `.failures()`, `.render()`, `.to_json()` (the JSON of `testbed verify --json`)."""
 
-POINT_COLUMNS = ["sweep", "distance_km", "delay_ms", "rate_mbit", "microbatches", "schedule", "repetition",
-                 "memory_budget", "rtt_ms", "bubble_vs_reference", "bubble_own_spans", "bubble_model", "step_s",
-                 "step_model_s", "tokens_per_s", "exposed_comm_s", "peak_inflight_bytes", "span_stretch_max",
-                 "steal_fraction", "repeated", "loss_last"]
+POINT_COLUMNS = _records.POINT_COLUMNS
 """The columns of an experiment's points.csv, and of every `to_frame()` here (one row per schedule measured)."""
 
 
@@ -331,7 +328,8 @@ class RunResult(RunSummary):
                 "peak_inflight_bytes": m.peak_inflight_activation_bytes,
                 "span_stretch_max": max(m.span_stretch_per_stage) if m.span_stretch_per_stage else None,
                 "steal_fraction": load.steal_fraction if load else None, "repeated": m.repeated,
-                "loss_last": m.loss_last})
+                "loss_last": m.loss_last, "step_model_independent_s": None, "step_blind_model_s": None,
+                "link_excess_max_ms": None})
         return out
 
     def to_frame(self) -> Any:

@@ -43,9 +43,6 @@ class StageTimes:
     """The transport's measured cost per message beyond delay and transfer (largest over the links)."""
     message_cost_per_link_s: list[float] | None = None
     """The same per stage link (each link's own probe; never below 0)."""
-    probed_cost_per_link_s: list[float] | None = None
-    """Per stage link, the probe's reading as it was (signed: a link that delivers early reads below 0); what a
-    launch at another link setting reads beyond it is that link's error (sweep.link_excess), never model input."""
     rate_scale: list[float] | None = None
     """Compute as time from a deployment profile: per stage link, the deployment's rate over the emulated one
     (the run's messages were the deployment's bytes over it); None: 1."""
@@ -64,6 +61,9 @@ class StageTimes:
     start_offset_s: list[float] | None = None
     """Per stage: the median of its iteration's start minus stage 0's (the start barrier crosses the links, so
     later stages begin up to a link delay earlier and their first receives are posted before stage 0 starts)."""
+    probed_cost_per_link_s: list[float] | None = None
+    """Per stage link, the probe's reading as it was (signed: a link that delivers early reads below 0); what a
+    launch at another link setting reads beyond it is that link's error (sweep.link_excess), never model input."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "samples": self.samples.to_json() if self.samples else None}

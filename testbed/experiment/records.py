@@ -97,6 +97,14 @@ class ExperimentSpec:
         return cls(**values)
 
 
+POINT_COLUMNS = ["sweep", "distance_km", "delay_ms", "rate_mbit", "microbatches", "schedule", "repetition",
+                 "memory_budget", "rtt_ms", "bubble_vs_reference", "bubble_own_spans", "bubble_model", "step_s",
+                 "step_model_s", "tokens_per_s", "exposed_comm_s", "peak_inflight_bytes", "span_stretch_max",
+                 "steal_fraction", "repeated", "loss_last", "step_model_independent_s", "step_blind_model_s",
+                 "link_excess_max_ms"]
+"""The columns of an experiment's points.csv (one row per point)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class Point:
     """One run of one schedule at one setting, with the model's prediction."""

@@ -36,12 +36,12 @@ from testbed.experiment.model import (
     predict,
     stage_times,
 )
-from testbed.experiment.records import ExperimentRecord, ExperimentSpec, ModelPrediction, Point
+from testbed.experiment.records import POINT_COLUMNS, ExperimentRecord, ExperimentSpec, ModelPrediction, Point
 from testbed.plan.model import LinkDirection
 from testbed.probe.latency import round_trip
 from testbed.rdma.support import rxe_in_namespaces
 from testbed.run.dilation import plan_dilation
-from testbed.run.runner import LinkSweep, RunOptions, SweepPoint, run_schedules, stage_links, swept_link
+from testbed.run.runner import LinkSweep, RunOptions, SweepPoint, restored_link, run_schedules, stage_links
 from testbed.topology import load_topology
 from testbed.topology.model import FIBRE_DELAY_S_PER_KM
 from testbed.util.interrupts import cleanup, raise_if_pending
@@ -203,7 +203,7 @@ class Experiment:
         if not self.resumed:
             shutil.copy(resolve_topology(self.spec.topology), self.dir / "topology.yaml")
         swept = self._swept(backend)
-        with swept_link(backend, LinkSweep(swept.src_dc, swept.dst_dc, [])):
+        with restored_link(backend, swept.src_dc, swept.dst_dc):
             self.measure(backend)
         return self.dir
 
@@ -400,11 +400,7 @@ class Experiment:
         record.save(self.dir)
         with open(self.dir / "points.csv", "w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["sweep", "distance_km", "delay_ms", "rate_mbit", "microbatches", "schedule", "repetition",
-                             "memory_budget", "rtt_ms", "bubble_vs_reference", "bubble_own_spans", "bubble_model",
-                             "step_s", "step_model_s", "tokens_per_s", "exposed_comm_s", "peak_inflight_bytes",
-                             "span_stretch_max", "steal_fraction", "repeated", "loss_last",
-                             "step_model_independent_s", "step_blind_model_s", "link_excess_max_ms"])
+            writer.writerow(POINT_COLUMNS)
             for p in self.points:
                 m = p.measured
                 load = m.host_load

@@ -295,9 +295,16 @@ def swept_link(backend: Backend, sweep: LinkSweep | None) -> Iterator[None]:
     if sweep is None:
         yield
         return
-    before = [d for d in backend.state.plan.directions if {d.src_dc, d.dst_dc} == {sweep.a, sweep.b}]
+    with restored_link(backend, sweep.a, sweep.b):
+        yield
+
+
+@contextlib.contextmanager
+def restored_link(backend: Backend, a: str, b: str) -> Iterator[None]:
+    """The OTN link between DCs `a` and `b` put back as the plan states it after the block (whatever stopped it)."""
+    before = [d for d in backend.state.plan.directions if {d.src_dc, d.dst_dc} == {a, b}]
     if not before:
-        raise RunError(f"no OTN link between {sweep.a} and {sweep.b} to sweep")
+        raise RunError(f"no OTN link between {a} and {b} to sweep")
     try:
         yield
     finally:
