@@ -48,12 +48,15 @@ def test_the_package_exports_the_api_lazily_and_documents_it() -> None:
 
 
 def test_point_columns_are_the_experiments_csv_header() -> None:
+    """One list: the API's columns are the experiment's, and sweep.py writes that list as points.csv's header."""
+    from testbed.experiment import records
+
+    assert api.POINT_COLUMNS is records.POINT_COLUMNS
     tree = ast.parse((REPO / "testbed" / "experiment" / "sweep.py").read_text())
-    headers = [[e.value for e in node.args[0].elts] for node in ast.walk(tree)
+    headers = [node.args[0].id for node in ast.walk(tree)
                if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "writerow"
-               and node.args and isinstance(node.args[0], ast.List)
-               and all(isinstance(e, ast.Constant) for e in node.args[0].elts)]
-    assert headers == [api.POINT_COLUMNS]
+               and node.args and isinstance(node.args[0], ast.Name)]
+    assert headers == ["POINT_COLUMNS"]
 
 
 def _measured(schedule: str, setting: str | None = None, step: float = 1.0) -> ScheduleSummary:
@@ -181,8 +184,8 @@ def test_views_commands_and_link_changes_use_the_clis_code(monkeypatch: pytest.M
                            ("dc-b-h1", ["sh", "-c", "sleep 1"], {"stdout": subprocess.PIPE})]
 
     changed: list[Any] = []
-    import testbed.deploy.linkset as linkset
-    monkeypatch.setattr(linkset, "set_link", lambda b, a, z, **kw: changed.append((a, z, kw)))
+    import testbed.run.runner as runner
+    monkeypatch.setattr(runner, "set_link", lambda b, a, z, **kw: changed.append((a, z, kw)))
     tb.link("dc-b", "dc-a").set(delay="10ms", rate="100mbit")
     tb.link("dc-a", "dc-b").set(distance_km=2000, from_dc="dc-a")
     assert changed == [("dc-b", "dc-a", {"from_dc": None, "delay_s": 0.01, "rate_bps": 1e8, "jitter_s": None,
@@ -351,15 +354,15 @@ def test_an_experiment_on_a_testbed_already_up_sweeps_it_and_puts_its_link_back(
     monkeypatch.setattr(Experiment, "_verify", lambda self, b: calls.append(("verify", b is backend)))
     monkeypatch.setattr(Experiment, "_sweeps", lambda self, b: calls.append(("sweeps", self.spec.microbatches)))
     monkeypatch.setattr(Experiment, "_write", lambda self, b, stopped=None: calls.append(("write", stopped)))
-    import testbed.deploy.linkset as linkset
-    monkeypatch.setattr(linkset, "set_link", lambda b, a, z, **kw: calls.append(("set", a, z, kw["from_dc"],
+    import testbed.run.runner as runner
+    monkeypatch.setattr(runner, "set_link", lambda b, a, z, **kw: calls.append(("set", a, z, kw["from_dc"],
                                                                                   kw["delay_s"], kw["rate_bps"])))
     monkeypatch.setattr(api, "ExperimentResult", lambda exp_dir: exp_dir)
     tb = api.Testbed(backend, owned=False, log=None)
     exp_dir = tb.experiment(api.ExperimentSpec.quick(results=str(tmp_path)), microbatches=4)
     assert exp_dir.parent == tmp_path and (exp_dir / "topology.yaml").exists() and (exp_dir / "plan.json").exists()
     put_back = [("set", d.src_dc, d.dst_dc, d.src_dc, d.delay_s, d.rate_bps) for d in backend.state.plan.directions]
-    assert calls == [("verify", True), ("sweeps", 4), *put_back, ("write", None)]
+    assert calls == [("verify", True), ("sweeps", 4), ("write", None), *put_back]
 
     calls.clear()
     monkeypatch.setattr(Experiment, "_sweeps", lambda self, b: 1 / 0)
