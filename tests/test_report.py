@@ -173,6 +173,23 @@ def test_the_report_judges_the_independent_model_and_shows_the_blind_one_and_the
     assert "from inputs independent of the links it predicts" in lines
     assert "step time within 2.0% of the measurement at every point (2 points" in lines
     assert "The network-blind model (every delay 0): within 50.0%" in lines and "1 of 2 points beyond 3%" in lines
-    assert "largest +0.600 ms against verify's tolerance 0.300 ms (1f1b at 2000 km); BEYOND it: 1f1b @2000 km" in lines
+    assert ("in the 0 km launch largest +0.600 ms against verify's tolerance 0.300 ms (1f1b at 2000 km), BEYOND it: "
+            "1f1b @2000 km; each run's own one-way check: every link on its plan.") in lines
+    slow.link_excess_bound_s, slow.links_on_plan = None, False          # another launch: shown, not judged
+    lines = "\n".join(report.headline(record))
+    assert "in other launches (the host's drift between launches included) largest +0.600 ms (1f1b at 2000 km" in lines
+    assert "every link within it" in lines and "1 run(s) with a link off its plan" in lines
     headers, rows = report.cut_rows(record)
     assert rows[1][headers.index("model step error per schedule (network-blind model's)")] == "1f1b -2.0% (-50.0%)"
+
+
+def test_the_independent_model_takes_the_launchs_compute_and_the_calibration_launchs_host_costs() -> None:
+    from testbed.experiment.sweep import with_compute_of
+    host = StageTimes(forward_s=[0.01], backward_s=[0.02], activation_bytes=1, stash_bytes=[1], message_cost_s=3e-4,
+                      send_lag_s=[1e-4], recv_lag_s=[2e-4], start_offset_s=[0.0], reference_s=[0.03])
+    launch = StageTimes(forward_s=[0.012], backward_s=[0.025], activation_bytes=1, stash_bytes=[1], message_cost_s=9e-4,
+                        send_lag_s=[7e-4], recv_lag_s=[8e-4], start_offset_s=[5e-3], reference_s=[0.037])
+    mixed = with_compute_of(host, launch)
+    assert (mixed.forward_s, mixed.backward_s, mixed.reference_s) == ([0.012], [0.025], [0.037])
+    assert (mixed.message_cost_s, mixed.send_lag_s, mixed.recv_lag_s, mixed.start_offset_s) == (3e-4, [1e-4], [2e-4],
+                                                                                                [0.0])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import hashlib
 import json
 import os
@@ -112,6 +113,8 @@ class Experiment:
         self.dir = Path(spec.results) / self.id
         self.points: list[Point] = []
         self.times: StageTimes | None = None
+        self._calibration_launch: Path | None = None
+        """The launch the model's host costs come from (the 0 km 1f1b's); its probes judge its links' error."""
         self.overhead_s = 0.0
         self.resumed = 0
         self.seconds_before = 0.0
@@ -281,6 +284,7 @@ class Experiment:
             measured = by_entry[(label, setting.schedule)]
             where = run_dir / label if label else run_dir
             if self.times is None and setting.schedule == "1f1b" and setting.km == 0:
+                self._calibration_launch = run_dir
                 self._fit_model(backend, where, measured.step_time_s, setting.microbatches)
             point = Point(sweep=setting.sweep, distance_km=setting.km, delay_s=setting.km * FIBRE_DELAY_S_PER_KM,
                           rate_bps=setting.rate_bps, microbatches=setting.microbatches, schedule=setting.schedule,
@@ -289,7 +293,8 @@ class Experiment:
                           run_dir=str(where), label=setting.label, lossless_ok=summary.lossless_ok,
                           daemon_restarts=summary.daemon_restarts,
                           lost_packets=sum(lk.drops_during_run or 0 for lk in summary.links if lk.lossless),
-                          transport=setting.transport)
+                          transport=setting.transport,
+                          links_on_plan=all(lk.delay_ok is not False for lk in summary.links))
             self._predict(backend, point)
             self.points.append(point)
             self.log(f"        {setting.schedule}" + (f" at {setting.km:g} km" if sweep else "")
@@ -327,16 +332,20 @@ class Experiment:
                               transport=point.transport)
             point.predicted_bubble, point.predicted_step_s = bubble_vs_reference(pred, own), pred.iteration_s
         if self.times is not None:
+            inputs = self.times if own is None else with_compute_of(self.times, own)
             for link_delays, blind in ((delays, False), ([0.0] * len(delays), True)):
-                pred, _ = predict(point.schedule, self.times, point.microbatches, link_delays, rates,
+                pred, _ = predict(point.schedule, inputs, point.microbatches, link_delays, rates,
                                   point.memory_budget, self.overhead_s, transport=point.transport, measured_here=False)
                 if blind:
                     point.predicted_step_blind_s = pred.iteration_s
                 else:
                     point.predicted_step_from_0km_s = pred.iteration_s
-                    point.predicted_bubble_from_0km = bubble_vs_reference(pred, self.times)
+                    point.predicted_bubble_from_0km = bubble_vs_reference(pred, inputs)
             if own is not None:
-                point.link_excess_s, point.link_excess_bound_s = link_excess(own, self.times, delays)
+                point.link_excess_s, bound = link_excess(own, self.times, delays)
+                run_dir = Path(point.run_dir)
+                if self._calibration_launch in (run_dir, run_dir.parent):     # judged within the launch only
+                    point.link_excess_bound_s = bound
 
     def _stage_links(self, backend: Backend | None, delay_s: float, rate_bps: float) -> tuple[list[float], list[float]]:
         """Delay and rate of every stage link with the swept link at (delay_s, rate_bps): it on the links that
@@ -414,6 +423,15 @@ class Experiment:
                                  _r(max(p.link_excess_s, key=abs) if p.link_excess_s else None, 1e3)])
         plots.render_all(self.dir)
         report.write_report(self.dir)
+
+
+def with_compute_of(host: StageTimes, launch: StageTimes) -> StageTimes:
+    """The model's independent inputs for one launch: the host's costs (lags, per-message cost, dispatch) from
+    the calibration launch, the compute from `launch` (with compute as time its spans are its cost table,
+    re-profiled per launch by plain `replay`; in real mode the spans it measured). Neither carries a link's
+    delay: the link comes from the plan."""
+    return dataclasses.replace(host, forward_s=launch.forward_s, backward_s=launch.backward_s,
+                               samples=launch.samples, reference_s=launch.reference_s)
 
 
 def link_excess(launch: StageTimes, at_0km: StageTimes, delays_s: list[float]) -> tuple[list[float] | None,
