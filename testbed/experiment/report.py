@@ -358,8 +358,8 @@ def headline(record: ExperimentRecord) -> list[str]:
     if env.get("dilation"):
         lines.append(f"Time dilation: {env['dilation']}.")
     if record.model_inputs is not None:
-        lines.append(f"Model (fitted to nothing) from inputs independent of the links it predicts (the 0 km 1f1b "
-                     f"launch's compute and host costs, per-message cost {record.message_overhead_s * 1e3:.2f} ms, "
+        lines.append(f"Model (fitted to nothing) from inputs independent of the links it predicts (each launch's "
+                     f"compute, the 0 km 1f1b launch's host costs, per-message cost {record.message_overhead_s * 1e3:.2f} ms, "
                      f"and the plan's delays and rates): step time "
                      f"{_model_error(record, 'predicted_step_from_0km_s')}. The network-blind model (every delay 0): "
                      f"{_model_error(record, 'predicted_step_blind_s')}; only points where it is far off test the "
