@@ -157,6 +157,10 @@ def test_link_error_is_each_launchs_probe_beyond_the_0km_launchs_judged_against_
     excess, bound = link_excess(launch, base, [0.0, 10e-3])
     assert excess == [pytest.approx(0.05e-3), pytest.approx(0.5e-3)]
     assert bound == [pytest.approx(0.1e-3), pytest.approx(0.3e-3)]     # the floor at 0 km, 3 % of 10 ms
+    noisy = StageTimes(forward_s=[0.0, 0.0], backward_s=[0.0, 0.0], activation_bytes=0, stash_bytes=[0, 0],
+                       probed_cost_per_link_s=[0.8e-3, 0.4e-3])
+    _, bound = link_excess(noisy, base, [0.0, 10e-3])                  # the unswept link read 0.4 ms of noise
+    assert bound == [pytest.approx(0.4e-3), pytest.approx(0.4e-3)]
     assert link_excess(launch, StageTimes([0.0], [0.0], 0, [0]), [0.0, 10e-3]) == (None, None)
 
 

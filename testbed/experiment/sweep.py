@@ -437,13 +437,17 @@ def with_compute_of(host: StageTimes, launch: StageTimes) -> StageTimes:
 def link_excess(launch: StageTimes, at_0km: StageTimes, delays_s: list[float]) -> tuple[list[float] | None,
                                                                                       list[float] | None]:
     """Per stage link: what `launch`'s message-cost probe read beyond the 0 km launch's (the link's own error
-    against the plan: the probe subtracts the planned delay and transfer, so a delay 10 % long reads +10 % of
-    it) and verify's one-way tolerance at that link's delay. (None, None) where either launch has no probe."""
+    against the plan: the probe subtracts the planned delay and transfer, so a delay 10 % long in both directions
+    reads +10 % of it) and the bound it is judged against: verify's one-way tolerance at that link's delay, or
+    what the probe cannot resolve on this host, whichever is larger: the largest excess on a link with no delay
+    (a fabric link the sweep does not touch, so its excess is the probe's own noise: 8 workers probing on 2
+    cores read up to ~0.4 ms there). (None, None) where either launch has no probe."""
     mine, base = launch.probed_cost_per_link_s, at_0km.probed_cost_per_link_s
     if not mine or not base or len(mine) != len(base):
         return None, None
-    return ([m - b for m, b in zip(mine, base, strict=True)],
-            [delay_tolerance(d, ONE_WAY_FLOOR_S) for d in delays_s])
+    excess = [m - b for m, b in zip(mine, base, strict=True)]
+    noise = max((abs(e) for e, d in zip(excess, delays_s, strict=True) if d == 0), default=0.0)
+    return excess, [max(delay_tolerance(d, ONE_WAY_FLOOR_S), noise) for d in delays_s]
 
 
 def _km_label(km: float) -> str:
