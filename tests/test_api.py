@@ -184,8 +184,8 @@ def test_views_commands_and_link_changes_use_the_clis_code(monkeypatch: pytest.M
                            ("dc-b-h1", ["sh", "-c", "sleep 1"], {"stdout": subprocess.PIPE})]
 
     changed: list[Any] = []
-    import testbed.run.runner as runner
-    monkeypatch.setattr(runner, "set_link", lambda b, a, z, **kw: changed.append((a, z, kw)))
+    import testbed.deploy.linkset as linkset
+    monkeypatch.setattr(linkset, "set_link", lambda b, a, z, **kw: changed.append((a, z, kw)))
     tb.link("dc-b", "dc-a").set(delay="10ms", rate="100mbit")
     tb.link("dc-a", "dc-b").set(distance_km=2000, from_dc="dc-a")
     assert changed == [("dc-b", "dc-a", {"from_dc": None, "delay_s": 0.01, "rate_bps": 1e8, "jitter_s": None,
