@@ -139,7 +139,6 @@ class Point:
     would carry the host's drift between launches, 10-30 % over minutes on the project's 2-core VMs, so each
     launch's own compute replaces it: `sweep.with_compute_of`). Its inputs are independent of this point's links:
     the host's costs calibrated once at 0 km, the launch's compute, the plan's delays and rates."""
-    predicted_bubble_from_0km: float | None = None
     predicted_step_blind_s: float | None = None
     """The network-blind model: the same 0 km inputs with every stage link's delay at 0 (the schedule's 0 km step
     at every distance). Where its error is as small as the model's, the point cannot tell a right link from a
@@ -148,12 +147,12 @@ class Point:
     """Per stage link: what this launch's message-cost probe read beyond the 0 km launch's (signed, seconds): the
     link's own error against the plan (a delay 10 % long reads +10 % of the delay), judged against
     `link_excess_bound_s` and never fed to the model."""
-    links_on_plan: bool | None = None
-    """The run's own one-way check of every OTN direction before its launch (LinkRecord.delay_ok) passed."""
     link_excess_bound_s: list[float] | None = None
     """Per stage link: verify's one-way delay tolerance at the point's delay (testbed.check.links.delay_tolerance),
     where the point ran in the 0 km launch itself; None in other launches, whose probes also carry the host's
     drift between launches (their links are judged by the run's own one-way check, LinkRecord.delay_ok)."""
+    links_on_plan: bool | None = None
+    """The run's own one-way check of every OTN direction before its launch (LinkRecord.delay_ok) passed."""
 
     @property
     def bubble(self) -> float | None:

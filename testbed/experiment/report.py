@@ -18,10 +18,10 @@ from testbed.util.hostload import COMPUTE_SLOWDOWN_FLAG, FOREIGN_BOUND, HOST_DRI
 
 MODEL_DIVERGENCE = 0.20
 PAPER_CUT = 0.7891
+"""The GeoPipe paper's largest bubble cut against 1F1B (arXiv 2510.12064)."""
 BLIND_MARGIN = 0.03
 """A point tests the links only where the network-blind model misses it by more than this (the model's own
 agreement bound, docs/compute.md)."""
-"""The GeoPipe paper's largest bubble cut against 1F1B (arXiv 2510.12064)."""
 
 
 def _median_of(points: list[Point], schedule: str, value: str = "bubble") -> float | None:

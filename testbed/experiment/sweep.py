@@ -333,14 +333,10 @@ class Experiment:
             point.predicted_bubble, point.predicted_step_s = bubble_vs_reference(pred, own), pred.iteration_s
         if self.times is not None:
             inputs = self.times if own is None else with_compute_of(self.times, own)
-            for link_delays, blind in ((delays, False), ([0.0] * len(delays), True)):
-                pred, _ = predict(point.schedule, inputs, point.microbatches, link_delays, rates,
-                                  point.memory_budget, self.overhead_s, transport=point.transport, measured_here=False)
-                if blind:
-                    point.predicted_step_blind_s = pred.iteration_s
-                else:
-                    point.predicted_step_from_0km_s = pred.iteration_s
-                    point.predicted_bubble_from_0km = bubble_vs_reference(pred, inputs)
+            point.predicted_step_from_0km_s, point.predicted_step_blind_s = (
+                predict(point.schedule, inputs, point.microbatches, link_delays, rates, point.memory_budget,
+                        self.overhead_s, transport=point.transport, measured_here=False)[0].iteration_s
+                for link_delays in (delays, [0.0] * len(delays)))
             if own is not None:
                 point.link_excess_s, bound = link_excess(own, self.times, delays)
                 run_dir = Path(point.run_dir)
