@@ -45,7 +45,7 @@ def test_config_asks_for_gso_and_no_fail_open() -> None:
     assert struct.unpack("!I", attrs[nfqueue.NFQA_CFG_FLAGS])[0] == nfqueue.NFQA_CFG_F_GSO
     mask = struct.unpack("!I", attrs[nfqueue.NFQA_CFG_MASK])[0]
     assert mask & nfqueue.NFQA_CFG_F_FAIL_OPEN    # explicitly cleared
-    assert struct.unpack("!IB", attrs[nfqueue.NFQA_CFG_PARAMS][:5]) == (1, nfqueue.NFQNL_COPY_PACKET)   # 1 byte
+    assert struct.unpack("!IB", attrs[nfqueue.NFQA_CFG_PARAMS][:5]) == (2, nfqueue.NFQNL_COPY_PACKET)   # 2 bytes
 
 
 def test_error_messages_parse_as_acks_and_errors() -> None:
@@ -68,6 +68,15 @@ def test_packet_length_comes_with_metadata_only_copies() -> None:
              + nfqueue._attr(nfqueue.NFQA_CAP_LEN, struct.pack("!I", 65536)))
     (item,) = nfqueue.parse(nfqueue._message(nfqueue.NFQNL_MSG_PACKET, 1, attrs, seq=0, flags=0))
     assert (item.packet_id, item.length) == (7, 65536)
+
+
+def test_tos_byte_comes_from_the_copied_bytes() -> None:
+    """The second copied byte is the IPv4 TOS: the class an OTN edge may drop (CS1, 0x20)."""
+    attrs = (nfqueue._attr(nfqueue.NFQA_PACKET_HDR, struct.pack("!IHB", 8, 0x0800, 0))
+             + nfqueue._attr(nfqueue.NFQA_PAYLOAD, bytes([0x45, 0x20]))
+             + nfqueue._attr(nfqueue.NFQA_CAP_LEN, struct.pack("!I", 1500)))
+    (item,) = nfqueue.parse(nfqueue._message(nfqueue.NFQNL_MSG_PACKET, 1, attrs, seq=0, flags=0))
+    assert (item.packet_id, item.tos) == (8, 0x20)
 
 
 def test_serialization_of_a_frame_and_of_a_gso_packet() -> None:

@@ -6,9 +6,11 @@ import dataclasses
 import ipaddress
 import math
 
+import testbed.topology.edge as edge_model
 from testbed.errors import TestbedError
 from testbed.plan.model import Interface, LinkDirection, Node, Plan, Route, Veth
 from testbed.plan.routing import path_delay, path_rate, shortest_paths
+from testbed.topology.edge import EdgeDirection
 from testbed.topology.model import Topology, router_name
 
 NETNS_PREFIX = "tb"
@@ -97,15 +99,19 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
         for src, dst in ((link.a, link.b), (link.b, link.a)):
             d = link.direction(src)
             wire = link.mtu + ETH_OVERHEAD
+            window_packets = max(MIN_QUEUE_PACKETS, math.ceil(max(1, total_hosts) * tcp_buffer / wire))
+            edge = (None if link.edge is None else
+                    edge_model.resolve_edge(link.edge, d.rate_bps, d.delay_s, link.direction(dst).delay_s))
             directions.append(LinkDirection(
                 link=link.name, src_dc=src, dst_dc=dst,
                 src_node=router_name(src), src_ifname=otn_ifname(link.index),
                 dst_node=router_name(dst), dst_ifname=otn_ifname(link.index),
                 delay_s=d.delay_s, rate_bps=d.rate_bps, jitter_s=d.jitter_s, loss=d.loss, lossless=link.lossless,
                 mtu=link.mtu, bdp_bytes=math.ceil(d.rate_bps * rtt / 8),
-                rate_queue_packets=max(MIN_QUEUE_PACKETS, math.ceil(max(1, total_hosts) * tcp_buffer / wire)),
-                delay_queue_packets=delay_queue_packets(d.rate_bps, d.delay_s, d.jitter_s, link.mtu),
-                real_rate_bps=link.real_rate_bps))
+                rate_queue_packets=window_packets,
+                delay_queue_packets=delay_queue_packets(d.rate_bps, d.delay_s, d.jitter_s, link.mtu, edge,
+                                                        window_packets),
+                real_rate_bps=link.real_rate_bps, edge=edge))
     notes = tuple(f"{lk.name}: emulated at 1:{1 / lk.scale:g} of the real {lk.real_rate_bps / 1e9:g} Gbit/s"
                   for lk in topology.links if lk.scale is not None and lk.real_rate_bps)
     return Plan(testbed=name, topology=topology.name, source=topology.source, nodes=tuple(nodes),
@@ -113,9 +119,15 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
                 fabrics={dc.name: dc.fabric for dc in topology.datacenters}, rdma=topology.rdma)
 
 
-def delay_queue_packets(rate_bps: float, delay_s: float, jitter_s: float, mtu: int) -> int:
-    """Packets the delay line (or netem) must hold to be lossless: 2 x rate x (delay + jitter) in full-size frames."""
-    return max(MIN_QUEUE_PACKETS, math.ceil(2 * rate_bps * (delay_s + jitter_s) / 8 / (mtu + ETH_OVERHEAD)))
+def delay_queue_packets(rate_bps: float, delay_s: float, jitter_s: float, mtu: int,
+                        edge: EdgeDirection | None = None, window_packets: int = 0) -> int:
+    """Packets the delay line (or netem) must hold to be lossless: 2 x rate x (delay + jitter) in full-size frames;
+    with an edge, its buffer too and every sender's window (`window_packets`: what a pause, or a deep edge queue,
+    holds on the delay line)."""
+    frames = math.ceil(2 * rate_bps * (delay_s + jitter_s) / 8 / (mtu + ETH_OVERHEAD))
+    if edge is not None:
+        frames += math.ceil(edge.buffer_bytes / (mtu + ETH_OVERHEAD)) + window_packets
+    return max(MIN_QUEUE_PACKETS, frames)
 
 
 class ReshapeError(TestbedError, ValueError):
@@ -124,14 +136,16 @@ class ReshapeError(TestbedError, ValueError):
 
 def reshape(direction: LinkDirection, *, delay_s: float | None = None, rate_bps: float | None = None,
             jitter_s: float | None = None, loss: float | None = None,
-            real_rate_bps: float | None = None) -> LinkDirection:
+            real_rate_bps: float | None = None, edge_rate_bps: float | None = None) -> LinkDirection:
     """A direction with new values (run-time change); queues are re-sized, lossless links refuse loss.
-    `real_rate_bps`: the deployment's rate the emulated one stands for (compute as time scales messages by it)."""
+    `real_rate_bps`: the deployment's rate the emulated one stands for (compute as time scales messages by it).
+    `edge_rate_bps`: the receiving edge's DC-side port rate (the congestion test's spine cut)."""
     d = direction
     new = dataclasses.replace(
         d, delay_s=d.delay_s if delay_s is None else delay_s, rate_bps=d.rate_bps if rate_bps is None else rate_bps,
         jitter_s=d.jitter_s if jitter_s is None else jitter_s, loss=d.loss if loss is None else loss,
-        real_rate_bps=d.real_rate_bps if real_rate_bps is None else real_rate_bps)
+        real_rate_bps=d.real_rate_bps if real_rate_bps is None else real_rate_bps,
+        edge=_reshaped_edge(d, rate_bps, delay_s, edge_rate_bps))
     if new.lossless and new.loss:
         raise ReshapeError(f"{d.link} is lossless: it cannot take loss {new.loss:g} (set lossless: false in the "
                          "topology file for fault experiments)")
@@ -141,7 +155,28 @@ def reshape(direction: LinkDirection, *, delay_s: float | None = None, rate_bps:
     if new.delay_s < 0 or new.rate_bps <= 0:
         raise ReshapeError("delay must be >= 0 and rate > 0")
     return dataclasses.replace(new, delay_queue_packets=delay_queue_packets(new.rate_bps, new.delay_s, new.jitter_s,
-                                                                            new.mtu))
+                                                                            new.mtu, new.edge,
+                                                                            new.rate_queue_packets))
+
+
+def _reshaped_edge(d: LinkDirection, rate_bps: float | None, delay_s: float | None,
+                   edge_rate_bps: float | None) -> EdgeDirection | None:
+    """The edge after a run-time change: headroom re-derived from the new rate and delay (the reverse direction's
+    delay as planned), refused where it no longer fits; a new DC-side rate."""
+    if d.edge is None:
+        if edge_rate_bps is not None:
+            raise ReshapeError(f"{d.link} has no edge buffer: it cannot take an edge rate",
+                               hint="give the link 'lossless: pfc', a 'buffer' or an 'edge_rate' in the topology file")
+        return None
+    edge = d.edge
+    reverse_s = edge.pause_delay_s - edge_model.PFC_RESPONSE_S
+    headroom = edge_model.headroom_bytes(d.rate_bps if rate_bps is None else rate_bps,
+                                         d.delay_s if delay_s is None else delay_s, reverse_s)
+    new = dataclasses.replace(edge, headroom_bytes=headroom,
+                              drain_rate_bps=edge.drain_rate_bps if edge_rate_bps is None else edge_rate_bps)
+    for _key, problem, fix in edge_model.edge_problems(new):
+        raise ReshapeError(f"{d.link} ({d.label}): {problem}", hint=fix)
+    return new
 
 
 def _otn_addresses(topology: Topology) -> dict[tuple[int, str], ipaddress.IPv4Interface]:

@@ -7,6 +7,7 @@ import ipaddress
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from testbed.topology.edge import EdgeDirection
 from testbed.topology.model import Fabric
 
 Role = Literal["host", "router"]
@@ -123,6 +124,8 @@ class LinkDirection:
     """Delay line queue: packets in flight over the delay, with 2x headroom."""
     real_rate_bps: float | None = None
     """The deployment's rate this direction stands for (the topology's `real_rate`); None where not stated."""
+    edge: EdgeDirection | None = None
+    """The edge buffer at the receiving end (PFC, a finite buffer, or a slower DC-side port); None: plain."""
 
     @property
     def label(self) -> str:
@@ -131,7 +134,8 @@ class LinkDirection:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LinkDirection:
-        return cls(**data)
+        edge = data.get("edge")
+        return cls(**{**data, "edge": EdgeDirection(**edge) if edge else None})
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,10 +41,16 @@ class DirectionDrops:
     lost_without_listener: int = 0
     """Packets that entered the delay line and never left it, beyond the counters above: those a dead daemon
     held and those that arrived before its restart (entered - delivered - held - the drops above)."""
+    buffer_drops: int = 0
+    """Dropped at a finite OTN edge buffer as the topology allows it (`lossless: false` with a `buffer`, or
+    lossy-class traffic above XOFF on a PFC link)."""
+    edge_lossless_drops: int = 0
+    """Lossless packets a PFC edge dropped: its headroom did not hold (never intended)."""
 
     @property
     def unintended(self) -> int:
-        return self.qdisc_drops + self.queue_drops + self.daemon_gaps + self.lost_without_listener
+        return (self.qdisc_drops + self.queue_drops + self.daemon_gaps + self.lost_without_listener
+                + self.edge_lossless_drops)
 
     def beyond_plan(self, planned_loss: float) -> int:
         """Drops the plan does not allow: every unintended one, and the configured-loss drops too where the

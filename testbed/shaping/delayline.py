@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from testbed.shaping import nfqueue
+from testbed.shaping.otn_edge import LOSSY_TOS, EdgeConfig, OtnEdge
 
 RCVBUF_BYTES = 64 * 1024 * 1024
 STATS_INTERVAL_S = 0.5
@@ -69,6 +70,8 @@ class QueueConfig:
     rate_bps: float = 0.0
     """The direction's rate: each packet is held its own serialization time on top (0: not added)."""
     mtu: int = 1500
+    edge: EdgeConfig | None = None
+    """The OTN edge behind the hold: the upstream port (paused by PFC), the buffer and its DC-side rate."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +109,8 @@ class DaemonConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DaemonConfig:
-        return cls(int(data.get("generation", 0)), [QueueConfig(**q) for q in data["queues"]],
+        return cls(int(data.get("generation", 0)),
+                   [QueueConfig(**{**q, "edge": EdgeConfig.from_json(q.get("edge"))}) for q in data["queues"]],
                    Timing(**data.get("timing", {})))
 
 
@@ -131,6 +135,8 @@ class QueueStats:
     random_drops: int = 0
     """Packets dropped on purpose (configured loss, fault experiments only)."""
     last_id: int = 0
+    edge: dict[str, Any] | None = None
+    """The OTN edge's counters (otn_edge.EdgeCounters) where the queue has one."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -217,6 +223,9 @@ class DelayLine:
     queues: dict[int, QueueConfig] = field(default_factory=dict)
     stats: dict[int, QueueStats] = field(default_factory=dict)
     held: dict[int, deque[tuple[float, int]]] = field(default_factory=dict)
+    edges: dict[int, OtnEdge] = field(default_factory=dict)
+    dropping: list[tuple[int, int]] = field(default_factory=list)
+    """(queue, packet id) the edges dropped, whose verdicts go out before the next release."""
     seq: int = 0
     stopping: bool = False
     reload: bool = False
@@ -254,9 +263,13 @@ class DelayLine:
             self.timing = config.timing
             self.realtime = _set_realtime(config.timing.realtime)
             self.spin = self.spin and config.timing.spin
-        for q in self.queues:
+        for q, cfg in self.queues.items():
             self.stats.setdefault(q, QueueStats())
             self.held.setdefault(q, deque())
+            if cfg.edge is None:
+                self.edges.pop(q, None)
+            elif q not in self.edges or self.edges[q].config != cfg.edge:
+                self.edges[q] = OtnEdge(cfg.edge) if q not in self.edges else self.edges[q].reconfigured(cfg.edge)
 
     def _send(self, sock: socket.socket, message_for_seq: object) -> None:
         self.seq += 1
@@ -313,7 +326,14 @@ class DelayLine:
             if cfg.jitter_s:
                 delay = max(0.0, delay + self.rng.uniform(-cfg.jitter_s, cfg.jitter_s))
             queue = self.held[item.queue]
-            release = arrival + delay
+            edge = self.edges.get(item.queue)
+            if edge is None:
+                release: float | None = arrival + delay
+            else:
+                release = edge.admit(arrival, wire_bytes(item.length, cfg.mtu), delay, item.tos & 0xFC == LOSSY_TOS)
+                if release is None:
+                    self.dropping.append((item.queue, item.packet_id))
+                    continue
             if queue and release < queue[-1][0]:
                 release = queue[-1][0]          # never reorder
             queue.append((release, item.packet_id))
@@ -321,6 +341,9 @@ class DelayLine:
             st.max_held = max(st.max_held, st.held)
 
     def release_due(self, sock: socket.socket, now: float, everything: bool = False) -> None:
+        for qnum, packet_id in self.dropping:      # before any batch verdict that would accept them
+            self._send(sock, lambda s, p=packet_id, q=qnum: nfqueue.verdict(q, p, False, s))
+        self.dropping.clear()
         for qnum, queue in self.held.items():
             last = None
             cfg = self.queues.get(qnum)
@@ -365,6 +388,9 @@ class DelayLine:
                             generation=self.generation, cpu_s=usage.ru_utime + usage.ru_stime, realtime=self.realtime,
                             advance_sparse_us=self.advance_sparse_s * 1e6,
                             queues={q: s for q, s in self.stats.items() if q in self.queues})
+        for q, edge in self.edges.items():
+            edge.settle(self.clock.monotonic())
+            self.stats[q].edge = edge.counters.to_json()
         tmp = self.stats_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(stats.to_json()))
         os.replace(tmp, self.stats_path)
@@ -473,8 +499,15 @@ def serialization_s(length: int | None, rate_bps: float, mtu: int) -> float:
     last byte this much later, so the hold adds it (a 64 KiB GSO packet at 1 Gbit/s: 0.53 ms)."""
     if not length or rate_bps <= 0:
         return 0.0
+    return wire_bytes(length, mtu) * 8 / rate_bps
+
+
+def wire_bytes(length: int | None, mtu: int) -> int:
+    """A packet of IP length `length` as the bytes its frames take on the wire (a GSO packet as its frames)."""
+    if not length:
+        return WIRE_HEADER_BYTES + 46
     frames = max(1, -(-length // mtu))
-    return (length + frames * WIRE_HEADER_BYTES + (frames - 1) * SEGMENT_HEADER_BYTES) * 8 / rate_bps
+    return length + frames * WIRE_HEADER_BYTES + (frames - 1) * SEGMENT_HEADER_BYTES
 
 
 def _set_realtime(wanted: bool) -> bool:

@@ -31,6 +31,7 @@ from testbed.backends import nsfs
 from testbed.shaping import nfqueue
 from testbed.shaping.base import ShaperError
 from testbed.shaping.delayline import DaemonConfig, DaemonStats, QueueConfig, Timing
+from testbed.shaping.otn_edge import EdgeConfig
 from testbed.shaping.supervisor import SupervisorStatus
 
 if TYPE_CHECKING:
@@ -125,12 +126,12 @@ class DaemonFilesLike(Protocol):
 
 
 def hold(queue: int, ifname: str, delay_s: float, subtract_s: float, *, rate_bps: float, mtu: int, maxlen: int,
-         jitter_s: float = 0.0, loss: float = 0.0) -> QueueConfig:
+         jitter_s: float = 0.0, loss: float = 0.0, edge: EdgeConfig | None = None) -> QueueConfig:
     """One queue of a delay line: each packet held `delay_s` less `subtract_s` (the path's own latency, which
     the calibration measured; never below zero), plus its own serialization time at `rate_bps` (the daemon adds
     it per packet from its length and `mtu`), `maxlen` packets at most."""
     return QueueConfig(queue=queue, ifname=ifname, delay_s=max(0.0, delay_s - subtract_s), jitter_s=jitter_s,
-                       loss=loss, maxlen=maxlen, rate_bps=rate_bps, mtu=mtu)
+                       loss=loss, maxlen=maxlen, rate_bps=rate_bps, mtu=mtu, edge=edge)
 
 
 # -- iptables ----------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from testbed.shaping.delayline_install import (
     rule_packets,
     write_config,
 )
+from testbed.shaping.otn_edge import EdgeConfig, EdgeCounters
 from testbed.shaping.supervisor import SupervisorStatus
 from testbed.state.records import DaemonFiles, ProcessRecord
 
@@ -60,7 +61,17 @@ def queue_config(direction: LinkDirection, subtract: dict[str, float]) -> QueueC
     """Daemon config of one direction: hold for the planned delay minus `subtract[direction]`."""
     return hold(queue_number(direction.dst_ifname), direction.dst_ifname, direction.delay_s,
                 subtract.get(direction.label, 0.0), rate_bps=direction.rate_bps, mtu=direction.mtu,
-                maxlen=direction.delay_queue_packets, jitter_s=direction.jitter_s, loss=direction.loss)
+                maxlen=direction.delay_queue_packets, jitter_s=direction.jitter_s, loss=direction.loss,
+                edge=edge_config(direction))
+
+
+def edge_config(direction: LinkDirection) -> EdgeConfig | None:
+    """The daemon's view of a direction's OTN edge (None: a plain hold)."""
+    e = direction.edge
+    if e is None:
+        return None
+    return EdgeConfig(e.mode, direction.rate_bps, e.drain_rate_bps, e.buffer_bytes, e.xoff_bytes, e.xon_bytes,
+                      e.headroom_bytes, e.pause_delay_s)
 
 
 class DelaylineShaper(Shaper):
@@ -191,7 +202,7 @@ class DelaylineShaper(Shaper):
         record = self.record
         label = direction.label
         path = record.calibration_s[label]
-        native = direction.delay_s < path + WAKEUP_FLOOR_S / 2
+        native = direction.delay_s < path + WAKEUP_FLOOR_S / 2 and direction.edge is None   # an edge needs the line
         was_native = label in record.native
         if native and not was_native:
             self._line(direction.dst_node).delete(hold_rule(direction.dst_ifname))
@@ -259,6 +270,16 @@ class DelaylineShaper(Shaper):
         """The daemon's own statistics file (written by `testbed.shaping.delayline`), None while it has none."""
         return self._line(node).stats() if node in self.record.daemons else None
 
+    def edge_counters(self) -> dict[str, EdgeCounters]:
+        """Per direction with an OTN edge (label): its pauses, pause time, buffer peak and drops so far."""
+        out = {}
+        for d in self.directions:
+            stats = self.daemon_stats(d.dst_node) if d.edge is not None else None
+            queue = stats.queues.get(queue_number(d.dst_ifname)) if stats else None
+            if queue is not None and queue.edge is not None:
+                out[d.label] = EdgeCounters(**queue.edge)
+        return out
+
     def hold_counters(self) -> dict[str, tuple[int, float]]:
         """Per direction (label): packets released so far and the sum of their release error (seconds, signed:
         release time less due time), from the daemons' statistics; differences over a run, less the mean
@@ -316,13 +337,18 @@ class DelaylineShaper(Shaper):
             stats = daemon.queues.get(qnum) if daemon else None
             queue_drops = (q.dropped + q.user_dropped) if q else 0
             gaps, random_drops = (stats.id_gaps, stats.random_drops) if stats else (0, 0)
+            edge = (stats.edge if stats else None) or {}
+            lossless_edge = edge.get("drops", 0) if d.edge is not None and d.edge.mode == "pfc" else 0
+            buffer_drops = edge.get("drops", 0) + edge.get("lossy_drops", 0) - lossless_edge
             went_in = rule_packets(entered.get(d.dst_node, ""), d.dst_ifname, "NFQUEUE")
             came_out = rule_packets(delivered.get(d.dst_node, ""), d.dst_ifname, DELIVERED_COMMENT)
             lost = 0
             if went_in is not None and came_out is not None:
                 held = stats.held if stats else 0
-                lost = max(0, went_in - came_out - held - random_drops - queue_drops - gaps)
+                lost = max(0, went_in - came_out - held - random_drops - queue_drops - gaps - buffer_drops
+                           - lossless_edge)
             result.append(DirectionDrops(
                 link=d.link, direction=d.label, qdisc_drops=self.qdisc_drops(d), queue_drops=queue_drops,
-                daemon_gaps=gaps, random_drops=random_drops, lost_without_listener=lost))
+                daemon_gaps=gaps, random_drops=random_drops, lost_without_listener=lost, buffer_drops=buffer_drops,
+                edge_lossless_drops=lossless_edge))
         return result

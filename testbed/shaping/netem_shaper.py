@@ -15,7 +15,7 @@ from typing import Any
 
 from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb
-from testbed.shaping.base import DirectionDrops, Health, Shaper
+from testbed.shaping.base import DirectionDrops, Health, Shaper, ShaperError
 from testbed.shaping.calibrate import AGREE_S, confirmed_excess, excess_one_way
 
 CALIBRATION_AGREE_S = AGREE_S
@@ -57,6 +57,11 @@ class NetemShaper(Shaper):
         return limit, options or {}
 
     def apply(self, plan: Plan) -> None:
+        edged = [d.label for d in plan.directions if d.edge is not None]
+        if edged:
+            raise ShaperError(f"{', '.join(edged)}: an OTN edge buffer (lossless: pfc, a 'buffer' or an 'edge_rate') "
+                              "is enforced by the delay line only; netem has no pause",
+                              hint="bring the testbed up with --shaper delayline")
         for d in plan.directions:      # the asked delay first: calibrate the path as it will be used
             limit, options = self._leaf(_delay_only(d), 0.0)
             with self.backend.netlink(d.src_node) as ipr:

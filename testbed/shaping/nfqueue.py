@@ -36,15 +36,17 @@ NFQNL_CFG_CMD_BIND = 1
 NFQNL_CFG_CMD_UNBIND = 2
 NFQNL_COPY_META = 1
 NFQNL_COPY_PACKET = 2
-COPY_BYTES = 1
-"""Bytes of each packet copied to us: one. In metadata-only mode the kernel does not say how long a packet
-is (NFQA_CAP_LEN is sent only when packet data is copied); with one byte copied it does."""
+COPY_BYTES = 2
+"""Bytes of each packet copied to us: two. In metadata-only mode the kernel does not say how long a packet
+is (NFQA_CAP_LEN is sent only when packet data is copied); with bytes copied it does. The second is the IPv4
+header's TOS byte, the class an OTN edge may drop (testbed/shaping/otn_edge.py)."""
 NFQA_CFG_F_FAIL_OPEN = 1
 NFQA_CFG_F_GSO = 4
 
 NFQA_PACKET_HDR = 1
 NFQA_VERDICT_HDR = 2
 NFQA_TIMESTAMP = 4
+NFQA_PAYLOAD = 10
 NFQA_CAP_LEN = 13
 """The packet's length, when less than all of it was copied."""
 NF_DROP = 0
@@ -74,8 +76,8 @@ def unbind_queue(queue: int, seq: int) -> bytes:
 
 
 def configure_queue(queue: int, maxlen: int, seq: int) -> bytes:
-    """One byte of each packet copied (so its length comes with it), queue length `maxlen`, GSO packets passed
-    whole, no fail-open (overflow drops, loudly)."""
+    """Two bytes of each packet copied (so its length comes with it, and its TOS byte), queue length `maxlen`,
+    GSO packets passed whole, no fail-open (overflow drops, loudly)."""
     attrs = (_attr(NFQA_CFG_PARAMS, struct.pack("!IB", COPY_BYTES, NFQNL_COPY_PACKET))
              + _attr(NFQA_CFG_QUEUE_MAXLEN, struct.pack("!I", maxlen))
              + _attr(NFQA_CFG_MASK, struct.pack("!I", NFQA_CFG_F_GSO | NFQA_CFG_F_FAIL_OPEN))
@@ -103,6 +105,8 @@ class QueuedPacket:
     """Kernel receive time (CLOCK_REALTIME seconds) when rx timestamping is on, else None."""
     length: int | None = None
     """The packet's IP length (a GSO packet's whole length), None where the kernel did not say."""
+    tos: int = 0
+    """The IPv4 header's TOS byte (DSCP << 2 | ECN), from the copied bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +133,7 @@ def parse(buffer: bytes | memoryview) -> Iterator[QueuedPacket | NetlinkError]:
             packet_id = None
             stamp = None
             packet_len = None
+            tos = 0
             while pos + NLA_HDR.size <= end:
                 alen, atype = NLA_HDR.unpack_from(view, pos)
                 if alen < NLA_HDR.size:
@@ -139,11 +144,13 @@ def parse(buffer: bytes | memoryview) -> Iterator[QueuedPacket | NetlinkError]:
                 elif atype == NFQA_TIMESTAMP:
                     sec, usec = struct.unpack_from("!QQ", view, pos + NLA_HDR.size)
                     stamp = sec + usec * 1e-6
+                elif atype == NFQA_PAYLOAD and alen >= NLA_HDR.size + 2:
+                    tos = view[pos + NLA_HDR.size + 1]
                 elif atype == NFQA_CAP_LEN:
                     (packet_len,) = struct.unpack_from("!I", view, pos + NLA_HDR.size)
                 pos += (alen + 3) & ~3
             if packet_id is not None:
-                yield QueuedPacket(queue, packet_id, stamp, packet_len)
+                yield QueuedPacket(queue, packet_id, stamp, packet_len, tos)
         offset += (length + 3) & ~3
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from testbed.topology.edge import EdgeSpec, edge_problems, resolve_edge
 from testbed.topology.errors import Problem, TopologyError
 from testbed.topology.model import (
     FIBRE_DELAY_S_PER_KM,
@@ -44,7 +45,8 @@ FABRIC_KEYS = {"rate", "latency", "mtu"}
 DC_KEYS = {"hosts", "fabric", "link"}
 LINK_DEFAULT_KEYS = {"rate", "mtu", "lossless", "jitter", "loss", "extra_delay"}
 DIRECTION_KEYS = {"rate", "delay", "extra_delay", "jitter", "loss"}
-LINK_KEYS = {"a", "b", "distance", "distance_km", "delay", "real_rate", "a_to_b", "b_to_a"} | LINK_DEFAULT_KEYS
+EDGE_KEYS = {"buffer", "xoff", "xon", "edge_rate"}
+LINK_KEYS = {"a", "b", "distance", "distance_km", "delay", "real_rate", "a_to_b", "b_to_a"} | LINK_DEFAULT_KEYS | EDGE_KEYS
 ADDRESSING_KEYS = {"base"}
 
 BUILTIN_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -381,7 +383,8 @@ def _build_link(index: int, a: str, b: str, spec: dict[str, Any], path: str, lin
                       "add 'distance: 1000km' (5 us/km of fibre) or an explicit one-way 'delay: 5ms'")
         return None
     mtu = _mtu(spec.get("mtu", link_default["mtu"]), _join(path, "mtu"), check)
-    lossless = check.boolean(spec.get("lossless", link_default["lossless"]), _join(path, "lossless"))
+    lossless_raw = spec.get("lossless", link_default["lossless"])
+    lossless = _lossless(lossless_raw, _join(path, "lossless"), check)
     real_rate = None
     if "real_rate" in spec:
         real_rate = check.quantity(spec["real_rate"], _join(path, "real_rate"), units.parse_rate, strict=True)
@@ -391,11 +394,65 @@ def _build_link(index: int, a: str, b: str, spec: dict[str, Any], path: str, lin
         own = check.mapping(spec.get(key), dpath, DIRECTION_KEYS)
         merged = {**link_default, **dc_link_defaults.get(src, {}),
                   **{k: v for k, v in spec.items() if k in DIRECTION_KEYS}, **own}
-        directions.append(_build_direction(merged, own, spec, dpath, path, distance, bool(lossless), check))
+        directions.append(_build_direction(merged, own, spec, dpath, path, distance, lossless != "false", check))
     if mtu is None or lossless is None or None in directions:
         return None
-    return OtnLink(index=index, a=a, b=b, distance_km=distance, mtu=mtu, lossless=lossless,
-                   a_to_b=directions[0], b_to_a=directions[1], real_rate_bps=real_rate)
+    edge = _build_edge(spec, lossless, path, directions, check)   # type: ignore[arg-type]
+    if edge is False:
+        return None
+    return OtnLink(index=index, a=a, b=b, distance_km=distance, mtu=mtu, lossless=lossless != "false",
+                   a_to_b=directions[0], b_to_a=directions[1], real_rate_bps=real_rate, edge=edge or None)
+
+
+def _lossless(value: Any, path: str, check: _Checker) -> str | None:
+    """`pfc`, `queue` (also `true`) or `false`."""
+    if value is True or value == "queue":
+        return "queue"
+    if value is False:
+        return "false"
+    if value == "pfc":
+        return "pfc"
+    check.add(path, f"expected pfc, queue, true or false, got {value!r}",
+              "write 'pfc' (finite buffer, pause), 'queue' or true (deep queue), or false (drops allowed)")
+    return None
+
+
+def _build_edge(spec: dict[str, Any], lossless: str, path: str, directions: list[DirectionSpec],
+                check: _Checker) -> EdgeSpec | None | bool:
+    """The link's edge buffer (None: today's plain link; False: a problem was reported)."""
+    given = {k: spec[k] for k in EDGE_KEYS if k in spec}
+    if lossless == "queue" and set(given) - {"edge_rate"}:
+        key = sorted(set(given) - {"edge_rate"})[0]
+        check.add(_join(path, key), f"'{key}' on a link with a deep queue (lossless: {spec.get('lossless', True)!r})",
+                  f"set '{_join(path, 'lossless')}: pfc' for a finite buffer with pause, or false for tail drop")
+        return False
+    if lossless == "false" and {"xoff", "xon"} & set(given):
+        key = sorted({"xoff", "xon"} & set(given))[0]
+        check.add(_join(path, key), f"PFC threshold '{key}' on a link without PFC (lossless: false)",
+                  f"set '{_join(path, 'lossless')}: pfc', or remove '{key}'")
+        return False
+    if lossless != "pfc" and not given:
+        return None
+    sizes = {k: check.quantity(given[k], _join(path, k), units.parse_size, strict=k == "buffer")
+             for k in ("buffer", "xoff", "xon") if k in given}
+    drain = (check.quantity(given["edge_rate"], _join(path, "edge_rate"), units.parse_rate, strict=True,
+                            maximum=MAX_RATE_BPS) if "edge_rate" in given else None)
+    if None in sizes.values() or ("edge_rate" in given and drain is None):
+        return False
+    if any(d.jitter_s for d in directions):
+        check.add(_join(path, "jitter"), "jitter on a link with an edge buffer (the edge model keeps order and "
+                  "has no jitter)", "remove 'jitter', or the edge keys")
+        return False
+    mode = {"pfc": "pfc", "queue": "queue", "false": "drop"}[lossless]
+    edge = EdgeSpec(mode, sizes.get("buffer"), sizes.get("xoff"), sizes.get("xon"), drain)
+    reported = False
+    for forward, reverse in ((directions[0], directions[1]), (directions[1], directions[0])):
+        for key, problem, fix in edge_problems(
+                resolve_edge(edge, forward.rate_bps, forward.delay_s, reverse.delay_s)):
+            if not reported:
+                check.add(_join(path, key), problem, fix)
+                reported = True
+    return False if reported else edge
 
 
 def _build_direction(merged: dict[str, Any], own: dict[str, Any], link_spec: dict[str, Any], dpath: str,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from testbed.topology.edge import EdgeSpec
+
 FIBRE_DELAY_S_PER_KM = 5e-6
 """One-way propagation delay in optical fibre (refractive index ~1.47): 5 us per km."""
 ROUTER_SUFFIX = "-rtr"
@@ -59,6 +61,8 @@ class OtnLink:
     b_to_a: DirectionSpec
     real_rate_bps: float | None = None
     """The deployment's real wavelength rate, when the file scales it down to what one machine emulates."""
+    edge: EdgeSpec | None = None
+    """The edge buffer at each end (`lossless: pfc`, a finite buffer, or an `edge_rate`); None: a plain link."""
 
     @property
     def name(self) -> str:
