@@ -214,11 +214,12 @@ def link_down(a: str, b: str, *, for_s: float | str) -> LinkDown:
 
 
 def link_set(a: str, b: str, *, delay: float | str | None = None, rate: float | str | None = None,
-             for_s: float | str | None = None) -> LinkChange:
-    """New delay and/or rate on the a<->b link (as `testbed link set` sets them) for `for_s` (None: until the run
-    ends); every change is put back when the run ends. Use it in `At(...)`."""
+             for_s: float | str | None = None, edge_rate: float | str | None = None) -> LinkChange:
+    """New delay, rate and/or edge rate (the receiving OTN edges' DC-side port: a spine cut) on the a<->b link (as
+    `testbed link set` sets them) for `for_s` (None: until the run ends); every change is put back when the run
+    ends. Use it in `At(...)`."""
     return LinkChange(a, b, _seconds(delay, "link_set delay"), _bps(rate, "link_set rate"),
-                      _seconds(for_s, "link_set for_s"))
+                      _seconds(for_s, "link_set for_s"), edge_rate_bps=_bps(edge_rate, "link_set edge_rate"))
 
 
 # --- a user's own schedules ------------------------------------------------------------------------------------------
@@ -458,10 +459,11 @@ class LinkControl:
 
     def set(self, *, delay: float | str | None = None, rate: float | str | None = None,
             jitter: float | str | None = None, loss: float | None = None, distance_km: float | None = None,
-            from_dc: str | None = None) -> Link:
+            from_dc: str | None = None, edge_rate: float | str | None = None) -> Link:
         """New values on both directions (or only the one leaving `from_dc`): `delay` (seconds or `"5ms"`, or
         `distance_km` of fibre at 5 us/km), `rate` (bits/s or `"10gbit"`), `jitter`, `loss` (a fraction; lossless
-        links refuse it). The code of `testbed link set`; returns the link as it now is."""
+        links refuse it), `edge_rate` (the receiving OTN edge's DC-side port, on a link with an edge: the
+        congestion test's spine cut). The code of `testbed link set`; returns the link as it now is."""
         from testbed.deploy.linkset import set_link
 
         if distance_km is not None:
@@ -470,7 +472,8 @@ class LinkControl:
             delay = km(distance_km)
         with _guarded():
             set_link(self._tb.backend, self.a, self.b, from_dc=from_dc, delay_s=_seconds(delay, "delay"),
-                     rate_bps=_bps(rate, "rate"), jitter_s=_seconds(jitter, "jitter"), loss=loss)
+                     rate_bps=_bps(rate, "rate"), jitter_s=_seconds(jitter, "jitter"), loss=loss,
+                     edge_rate_bps=_bps(edge_rate, "edge_rate"))
         return self.info
 
     def sweep(self, *, distances_km: Sequence[float] = (), delays: Sequence[float | str] = (),

@@ -164,7 +164,8 @@ def cmd_link(args: argparse.Namespace) -> int:
     backend = lifecycle.open_backend(args.name)
     for new in set_link(backend, args.a, args.b, from_dc=args.from_dc, **args.values):
         print(f"{new.link} {new.label}: delay {units.format_time(new.delay_s)}, "
-              f"rate {units.format_rate(new.rate_bps)}, jitter {units.format_time(new.jitter_s)}, loss {new.loss:g}")
+              f"rate {units.format_rate(new.rate_bps)}, jitter {units.format_time(new.jitter_s)}, loss {new.loss:g}"
+              + (f", edge {new.edge.mode} at {units.format_rate(new.edge.drain_rate_bps)}" if new.edge else ""))
     print(f"check it: testbed verify {backend.state.name}")
     return 0
 
@@ -498,7 +499,8 @@ def check_link(args: argparse.Namespace) -> None:
     args.values = {"delay_s": _duration(args.delay, "--delay") if args.delay else None,
                    "rate_bps": _quantity(units.parse_rate, args.rate, "--rate") if args.rate else None,
                    "jitter_s": _duration(args.jitter, "--jitter") if args.jitter else None,
-                   "loss": _quantity(units.parse_fraction, args.loss, "--loss") if args.loss else None}
+                   "loss": _quantity(units.parse_fraction, args.loss, "--loss") if args.loss else None,
+                   "edge_rate_bps": _quantity(units.parse_rate, args.edge_rate, "--edge-rate") if args.edge_rate else None}
 
 
 def check_topology(args: argparse.Namespace) -> None:
@@ -636,6 +638,8 @@ def args_link(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", help="rate in bits, e.g. 500mbit or 10gbit")
     p.add_argument("--jitter", help="jitter with its unit, e.g. 0.5ms")
     p.add_argument("--loss", help="random loss, e.g. 0.1%% (only on links with lossless: false)")
+    p.add_argument("--edge-rate", help="the receiving OTN edge's DC-side port rate, e.g. 500mbit (links with an edge: "
+                   "lossless: pfc, a buffer or an edge_rate)")
 
 
 def _training_args(p: argparse.ArgumentParser) -> None:

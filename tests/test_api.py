@@ -189,9 +189,9 @@ def test_views_commands_and_link_changes_use_the_clis_code(monkeypatch: pytest.M
     tb.link("dc-b", "dc-a").set(delay="10ms", rate="100mbit")
     tb.link("dc-a", "dc-b").set(distance_km=2000, from_dc="dc-a")
     assert changed == [("dc-b", "dc-a", {"from_dc": None, "delay_s": 0.01, "rate_bps": 1e8, "jitter_s": None,
-                                         "loss": None}),
+                                         "loss": None, "edge_rate_bps": None}),
                        ("dc-a", "dc-b", {"from_dc": "dc-a", "delay_s": pytest.approx(0.01), "rate_bps": None,
-                                         "jitter_s": None, "loss": None})]
+                                         "jitter_s": None, "loss": None, "edge_rate_bps": None})]
     with pytest.raises(api.BackendError, match="no OTN link between 'dc-a' and 'dc-c' in t; links: dc-a<->dc-b"):
         tb.link("dc-a", "dc-c")
     with pytest.raises(api.BackendError, match="delay: .*parsecs"):

@@ -71,3 +71,18 @@ def test_a_finite_buffer_without_pause_drops_and_tcp_retransmits(testbed_of) -> 
     drops = {d.direction: d for d in shaper.drops()}[AB]
     assert drops.buffer_drops == edge.drops and drops.unintended == 0
     assert goodput > 0.8 * EDGE_RATE * MTU_GOODPUT
+
+
+def test_a_spine_cut_on_a_live_link_halves_goodput_without_a_drop(testbed_of) -> None:  # type: ignore[no-untyped-def]
+    """`testbed link set --edge-rate` (the paper's congestion test cuts the spine port 400 -> 200): the daemon
+    takes the new rate on the same edge (its buffer and counters carry on) and PFC still holds."""
+    backend = testbed_of("2dc-pfc.yaml")
+    before, _ = _bulk(backend, seconds=3.0)
+    run_cli("link", "set", "dc-a", "dc-b", "--name", backend.state.name, "--edge-rate", "25mbit")
+    after, retransmits = _bulk(backend, seconds=3.0)
+    backend = lifecycle.open_backend(backend.state.name)
+    edge = shaper_for(backend).edge_counters()[AB]
+    assert after / before == pytest.approx(0.5, rel=0.08)
+    assert edge.drops == 0 and retransmits == 0
+    planned = next(d.edge for d in backend.state.plan.directions if d.label == AB)
+    assert planned is not None and planned.drain_rate_bps == 25e6

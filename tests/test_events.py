@@ -60,7 +60,7 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     monkeypatch.setattr(E.htb, "change_rate", lambda ipr, ifname, rate: calls.append(("rate", ipr.node, ifname, rate)))
 
     def set_link(b: Any, a: str, z: str, *, from_dc: str | None = None, delay_s: float | None = None,
-                 rate_bps: float | None = None) -> None:
+                 rate_bps: float | None = None, edge_rate_bps: float | None = None) -> None:
         calls.append(("set", a, z, from_dc, delay_s, rate_bps))
     monkeypatch.setattr(E, "set_link", set_link)
     return SimpleNamespace(backend=backend, plan=plan, calls=calls, clock=Clock())
@@ -141,7 +141,7 @@ def test_events_the_run_never_reached_are_recorded_as_such(scripted: SimpleNames
     (At(1, LinkDown("dc-a", "dc-b", 0.0)), "for_s must be > 0"),
     (At(1, LinkDown("dc-a", "dc-b", 60.0)), "reaches the run's hang timeout"),
     (At(1, LinkDown("dc-a", "dc-b", 0.1), offset_s=-1), "offset_s must be >= 0"),
-    (At(1, LinkChange("dc-a", "dc-b")), "give a delay and/or a rate"),
+    (At(1, LinkChange("dc-a", "dc-b")), "give a delay, a rate and/or an edge rate"),
     ("link down", r"an event is At\("),
 ])
 def test_an_event_the_run_cannot_apply_is_refused_before_it(scripted: SimpleNamespace, event: Any, error: str) -> None:

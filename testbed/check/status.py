@@ -12,6 +12,7 @@ from pyroute2 import IPRoute
 from testbed.backends import nsfs
 from testbed.backends.base import BackendError
 from testbed.backends.registry import backend_for
+from testbed.shaping.otn_edge import EdgeCounters
 from testbed.shaping.registry import Shaper, shaper_for
 from testbed.state.store import TestbedState
 from testbed.util import table, units
@@ -88,6 +89,8 @@ class TestbedStatus:
     links: list[DirectionStatus]
     switches: list[SwitchStatus]
     shaper: ShaperStatus
+    edges: dict[str, EdgeStatus] = field(default_factory=dict)
+    """Per direction label with an OTN edge: its plan and what it did since the link came up."""
 
     def to_json(self) -> dict[str, Any]:
         record = {"name": self.name, "backend": self.backend, "topology": self.topology, "phase": self.phase,
@@ -95,6 +98,8 @@ class TestbedStatus:
                   "links": [lk.to_json() for lk in self.links], "shaper": asdict(self.shaper)}
         if self.switches:
             record["switches"] = [asdict(sw) for sw in self.switches]
+        if self.edges:
+            record["edges"] = {label: asdict(e) for label, e in self.edges.items()}
         return record
 
     def render(self) -> str:
@@ -112,9 +117,34 @@ class TestbedStatus:
                  "-" if lk.drops is None else str(lk.drops)) for lk in self.links]
         out.append(table.render(["link", "direction", "one-way delay", "rate", "delay by", "drops"], rows,
                                 "\nOTN links (configured)"))
+        if self.edges:
+            out.append(render_edge_status(self.edges))
         out += [f"note: {warning}" for warning in self.shaper.warnings]
         out += [f"event: {event}" for event in self.shaper.events]
         return "\n".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeStatus:
+    """One direction's OTN edge: planned buffer and thresholds, and its counters since the link came up."""
+
+    mode: str
+    buffer_bytes: int
+    xoff_bytes: int
+    headroom_bytes: int
+    counters: EdgeCounters
+
+
+def render_edge_status(edges: dict[str, EdgeStatus]) -> str:
+    rows = []
+    for label, e in edges.items():
+        c = e.counters
+        within = "-" if e.mode != "pfc" else ("yes" if c.buffer_peak_bytes <= e.xoff_bytes + e.headroom_bytes else "NO")
+        rows.append((label, e.mode, c.pauses, units.format_time(c.pause_s), units.format_size(c.buffer_peak_bytes),
+                     units.format_size(e.xoff_bytes + e.headroom_bytes) if e.mode == "pfc" else "-", within,
+                     c.drops, c.lossy_drops))
+    return table.render(["direction", "edge", "pauses", "paused", "buffer peak", "XOFF+headroom", "within",
+                         "lossless drops", "lossy drops"], rows, "\nOTN edges (since the link came up)")
 
 
 def describe(state: TestbedState) -> TestbedStatus:
@@ -141,8 +171,12 @@ def describe(state: TestbedState) -> TestbedStatus:
         health = "degraded: " + "; ".join([f"switch {n} gone" for n in missing_switches] + [f"{d} is dead" for d in dead])
     elif shaper.problems:
         health = "degraded: " + "; ".join(shaper.problems)
+    counters = live.edge_counters() if live is not None else {}
+    edges = {d.label: EdgeStatus(d.edge.mode, d.edge.buffer_bytes, d.edge.xoff_bytes, d.edge.headroom_bytes,
+                                 counters[d.label])
+             for d in plan.directions if d.edge is not None and d.label in counters}
     return TestbedStatus(name=state.name, backend=state.backend, topology=state.topology_source, phase=state.phase,
-                         health=health, nodes=nodes, links=links, switches=switches, shaper=shaper)
+                         health=health, nodes=nodes, links=links, switches=switches, shaper=shaper, edges=edges)
 
 
 def shaper_status(state: TestbedState, shaper: Shaper | None) -> ShaperStatus:

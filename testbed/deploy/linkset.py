@@ -11,9 +11,11 @@ from testbed.util.interrupts import cleanup
 
 def set_link(backend: Backend, a: str, b: str, *, from_dc: str | None = None, delay_s: float | None = None,
              rate_bps: float | None = None, jitter_s: float | None = None,
-             loss: float | None = None, real_rate_bps: float | None = None) -> list[LinkDirection]:
+             loss: float | None = None, real_rate_bps: float | None = None,
+             edge_rate_bps: float | None = None) -> list[LinkDirection]:
     """Apply new values to the a<->b link (both directions, or only the one leaving `from_dc`); `real_rate_bps`
-    restates the deployment's rate the emulated one stands for (recorded in the plan, nothing to shape)."""
+    restates the deployment's rate the emulated one stands for (recorded in the plan, nothing to shape);
+    `edge_rate_bps` is the receiving OTN edge's DC-side port rate (a spine port cut)."""
     state = backend.state
     directions = [d for d in state.plan.directions if {d.src_dc, d.dst_dc} == {a, b}]
     if not directions:
@@ -23,14 +25,15 @@ def set_link(backend: Backend, a: str, b: str, *, from_dc: str | None = None, de
         directions = [d for d in directions if d.src_dc == from_dc]
         if not directions:
             raise BackendError(f"--from must be {a} or {b}")
-    if delay_s is None and rate_bps is None and jitter_s is None and loss is None and real_rate_bps is None:
-        raise BackendError("nothing to change: give a delay, rate, jitter and/or loss")
+    if all(v is None for v in (delay_s, rate_bps, jitter_s, loss, real_rate_bps, edge_rate_bps)):
+        raise BackendError("nothing to change: give a delay, rate, jitter, loss and/or edge rate")
     shaper = shaper_for(backend)
     if shaper is None:
         raise BackendError(f"testbed {state.name} runs without a shaper; nothing can be changed")
     changed = []
     for old in directions:
-        new = reshape(old, delay_s=delay_s, rate_bps=rate_bps, jitter_s=jitter_s, loss=loss, real_rate_bps=real_rate_bps)
+        new = reshape(old, delay_s=delay_s, rate_bps=rate_bps, jitter_s=jitter_s, loss=loss, real_rate_bps=real_rate_bps,
+                      edge_rate_bps=edge_rate_bps)
         with cleanup():                  # a direction changes whole, or not at all, whatever signal arrives
             shaper.set_direction(new)
             state.plan = state.plan.replace_direction(new)

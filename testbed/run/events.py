@@ -80,10 +80,13 @@ class LinkChange:
     rate_bps: float | None = None
     for_s: float | None = None
     kind: str = "link_change"
+    edge_rate_bps: float | None = None
+    """The receiving OTN edges' DC-side port rate (the paper's congestion test: a spine port cut mid-run)."""
 
     def describe(self) -> str:
         what = [f"delay {self.delay_s * 1e3:g} ms" if self.delay_s is not None else "",
-                f"rate {self.rate_bps / 1e6:g} Mbit/s" if self.rate_bps is not None else ""]
+                f"rate {self.rate_bps / 1e6:g} Mbit/s" if self.rate_bps is not None else "",
+                f"edge rate {self.edge_rate_bps / 1e6:g} Mbit/s" if self.edge_rate_bps is not None else ""]
         return (f"link {self.a} <-> {self.b} set to {', '.join(w for w in what if w)}"
                 + (f" for {self.for_s * 1e3:g} ms" if self.for_s is not None else " until the run ends"))
 
@@ -130,7 +133,8 @@ class EventRecord:
                 "kind": action.kind, "link": f"{action.a} <-> {action.b}", "action": action.describe(),
                 "applied": self.applied_at is not None, "start_s": rel(self.applied_at),
                 "end_s": rel(self.restored_at), "restored": self.restored, "note": self.note,
-                "values": {k: getattr(action, k) for k in ("for_s", "delay_s", "rate_bps") if hasattr(action, k)}}
+                "values": {k: getattr(action, k) for k in ("for_s", "delay_s", "rate_bps", "edge_rate_bps")
+                           if hasattr(action, k)}}
 
 
 def iteration_order(schedules: list[str], iterations: int) -> list[tuple[str, int]]:
@@ -178,8 +182,9 @@ def validate(events: list[At], backend: Backend, schedules: list[str], iteration
         if isinstance(action, LinkDown) and for_s >= hang_timeout_s:
             raise EventError(f"{at.describe()}: an outage of {for_s:g} s reaches the run's hang timeout "
                              f"({hang_timeout_s:g} s), which would stop the run; raise hang_timeout_s or shorten it")
-        if isinstance(action, LinkChange) and action.delay_s is None and action.rate_bps is None:
-            raise EventError(f"{at.describe()}: give a delay and/or a rate")
+        if isinstance(action, LinkChange) and action.delay_s is None and action.rate_bps is None \
+                and action.edge_rate_bps is None:
+            raise EventError(f"{at.describe()}: give a delay, a rate and/or an edge rate")
 
 
 @dataclass(slots=True)
@@ -268,7 +273,8 @@ class EventPlayer:
                 before = _link_directions(self.backend, action.a, action.b)
                 set_link(self.backend, action.a, action.b,
                          delay_s=None if action.delay_s is None else action.delay_s * self.factor,
-                         rate_bps=None if action.rate_bps is None else action.rate_bps / self.factor)
+                         rate_bps=None if action.rate_bps is None else action.rate_bps / self.factor,
+                         edge_rate_bps=None if action.edge_rate_bps is None else action.edge_rate_bps / self.factor)
                 undo = self._put_back(before)
             record.applied_at = self.clock()
         self._undo.append(_Pending(record, record.applied_at + action.for_s * self.factor if action.for_s else math.inf,
@@ -292,7 +298,8 @@ class EventPlayer:
     def _put_back(self, before: list[LinkDirection]) -> Callable[[], None]:
         def undo() -> None:
             for d in before:
-                set_link(self.backend, d.src_dc, d.dst_dc, from_dc=d.src_dc, delay_s=d.delay_s, rate_bps=d.rate_bps)
+                set_link(self.backend, d.src_dc, d.dst_dc, from_dc=d.src_dc, delay_s=d.delay_s, rate_bps=d.rate_bps,
+                         edge_rate_bps=d.edge.drain_rate_bps if d.edge else None)
         return undo
 
     def _rate(self, d: LinkDirection, rate_bps: float) -> None:

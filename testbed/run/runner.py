@@ -44,6 +44,7 @@ from testbed.run.dilation import (
     undilate,
     worker_caps,
 )
+from testbed.run.edges import edge_during
 from testbed.run.placement import place_stages
 from testbed.run.summary import LinkRecord, LinkTiming, RunSummary, ScheduleSummary, StageLink, StagePlacement
 from testbed.run.transport import TransportChoice
@@ -528,6 +529,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     log(describe_compute(options.compute, table))
     shaper = shaper_for(backend)
     drops_before = planned_drops(shaper)
+    edges_before = shaper.edge_counters() if shaper else {}
     restarts_before = _restarts(shaper)
     delay_checks = check_delays(backend, probes=10)
     daemons = sum(1 for p in backend.state.processes if p.role in daemon_roles())
@@ -592,6 +594,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         summaries.append(measured)
     metrics.pool_references(summaries)
     drops_after = planned_drops(shaper)
+    edges_after = shaper.edge_counters() if shaper else {}
     links = []
     for d in plan.directions:
         check = next((c for c in delay_checks if c.kind == "one-way" and c.key == d.label), None)
@@ -600,7 +603,8 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
             link=d.link, src_dc=d.src_dc, dst_dc=d.dst_dc, configured_delay_s=d.delay_s, configured_rate_bps=d.rate_bps,
             measured_one_way=check.measured if check else None, delay_ok=check.ok if check else None,
             drops_during_run=None if after is None else after - drops_before.get((d.link, d.label), 0),
-            lossless=d.lossless, measured_one_way_s=check.value if check else None))
+            lossless=d.lossless, measured_one_way_s=check.value if check else None,
+            edge=edge_during(d, edges_before, edges_after)))
     summary = RunSummary(
         run_id=run_id, topology=plan.topology, testbed=plan.testbed,
         stages=[StagePlacement(i, h.name, h.dc) for i, h in enumerate(hosts)], stage_links=stage_links(plan, hosts),

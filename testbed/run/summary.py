@@ -185,6 +185,8 @@ class LinkRecord:
     lossless: bool
     measured_one_way_s: float | None = None
     """The one-way delay verify measured before the run (None where it was not measured per direction)."""
+    edge: dict[str, Any] | None = None
+    """The OTN edge during the run (testbed/run/edges.py): pauses, pause time, buffer peak, drops."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "from": self.src_dc, "to": self.dst_dc}

@@ -15,6 +15,7 @@ from testbed.backends.base import Backend
 from testbed.errors import TestbedError
 from testbed.plan.model import LinkDirection, Plan
 from testbed.shaping import htb
+from testbed.shaping.otn_edge import EdgeCounters
 from testbed.state.records import ShaperRecord
 
 if TYPE_CHECKING:
@@ -126,6 +127,10 @@ class Shaper(ABC):
 
     def restarts(self) -> dict[str, int]:
         """Per node that runs a daemon of this shaper: how often it died and was started again. {}: no daemons."""
+        return {}
+
+    def edge_counters(self) -> dict[str, EdgeCounters]:
+        """Per direction (label) with an OTN edge this shaper enforces: what the edge did so far. {}: none."""
         return {}
 
     def daemon_stats(self, node: str) -> DaemonStats | None:
