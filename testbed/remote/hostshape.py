@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.errors import TestbedError
 from testbed.plan.builder import build_plan, delay_queue_packets
 from testbed.plan.model import Plan
 from testbed.rdma import softroce
@@ -104,6 +105,11 @@ def path_mtu(plan: Plan, src_dc: str, dst_dc: str) -> int:
 def plan_shapes(inventory: Inventory, testbed: str) -> dict[str, HostShape]:
     """One HostShape per machine of the inventory."""
     plan = build_plan(inventory.topology, testbed)
+    edged = sorted({d.link for d in plan.directions if d.edge is not None})
+    if edged:
+        raise TestbedError(f"{', '.join(edged)}: an OTN edge (lossless: pfc, a buffer or an edge_rate) is emulated "
+                           "by one machine's delay line only; machines over SSH shape per host, without it",
+                           hint="remove the edge keys from the topology for `testbed remote`, or run it on one machine")
     by_dc: dict[str, list[str]] = {}
     for m in inventory.machines:
         by_dc.setdefault(m.dc, []).append(m.data_address)
