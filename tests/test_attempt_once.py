@@ -91,7 +91,7 @@ def attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[
     monkeypatch.setattr(runner, "plan_dilation", lambda *_a, **_k: dilation)
     monkeypatch.setattr(runner, "choose_transport", lambda *_a: TransportChoice("tcp", "scripted"))
     monkeypatch.setattr(runner, "run_table", lambda *_a: None)
-    shaper = SimpleNamespace(drops=lambda: [], drops_with_planned_loss=lambda: [])
+    shaper = SimpleNamespace(drops=lambda: [], drops_with_planned_loss=lambda: [], edge_counters=lambda: {})
     monkeypatch.setattr(runner, "shaper_for", lambda _b: shaper)
     monkeypatch.setattr(runner, "_restarts", lambda _s: 0)
     monkeypatch.setattr(runner, "check_delays", lambda *_a, **_k: [])

@@ -109,13 +109,7 @@ def expected_goodput_bps(direction: LinkDirection, timestamps: bool = True) -> f
     while each carries MTU - 40 (IP, TCP) - 12 (timestamps option) bytes of payload: 95.6 % at MTU 1500. An OTN
     edge whose DC-side port is slower than the link (`edge_rate`) carries that port's rate instead."""
     payload = direction.mtu - IP_TCP_HEADER_BYTES - (TCP_TIMESTAMP_BYTES if timestamps else 0)
-    return bottleneck_bps(direction) * payload / (direction.mtu + ETH_OVERHEAD)
-
-
-def bottleneck_bps(direction: LinkDirection) -> float:
-    """The slowest rate on a direction: the link's, or its receiving edge's DC-side port."""
-    edge = direction.edge
-    return direction.rate_bps if edge is None else min(direction.rate_bps, edge.drain_rate_bps)
+    return direction.bottleneck_bps * payload / (direction.mtu + ETH_OVERHEAD)
 
 
 def _tcp_timestamps(netns_path: str) -> bool:
@@ -157,8 +151,8 @@ def check_throughput(backend: Backend, shaper: Shaper | None, seconds: float = 3
         cpu_text = "" if cpu is None else f", delay daemons {cpu:.0%} + {src_cpu:.0%} of a core"
         checks.append(Check("throughput", f"{d.link} {d.label}",
                             f"{MIN_GOODPUT_FRACTION:.0%}-{MAX_GOODPUT_FRACTION:.0%} of {units.format_rate(expected)} "
-                            f"(TCP at MTU {d.mtu} over {units.format_rate(bottleneck_bps(d))})",
-                            f"{units.format_rate(result.bits_per_s)} ({result.bits_per_s / bottleneck_bps(d):.1%} of the rate, "
+                            f"(TCP at MTU {d.mtu} over {units.format_rate(d.bottleneck_bps)})",
+                            f"{units.format_rate(result.bits_per_s)} ({result.bits_per_s / d.bottleneck_bps:.1%} of the rate, "
                             f"{fraction:.1%} of expected), {result.retransmits} retransmits{cpu_text}{retry}", ok))
     return checks
 

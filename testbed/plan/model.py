@@ -128,6 +128,11 @@ class LinkDirection:
     """The edge buffer at the receiving end (PFC, a finite buffer, or a slower DC-side port); None: plain."""
 
     @property
+    def bottleneck_bps(self) -> float:
+        """The slowest rate a message meets on this direction: the link's, or its receiving edge's DC-side port."""
+        return self.rate_bps if self.edge is None else min(self.rate_bps, self.edge.drain_rate_bps)
+
+    @property
     def label(self) -> str:
         """`dc-a -> dc-b`: the one spelling of a direction in tables, messages and per-direction JSON keys."""
         return f"{self.src_dc} -> {self.dst_dc}"
