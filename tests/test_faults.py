@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,7 +168,9 @@ def test_a_delay_10_percent_long_reads_as_the_links_error_beyond_verifys_toleran
     """The experiment's link-error check (testbed.experiment.sweep.link_excess): a launch's probe beyond a
     reference launch's on the right link. A second launch on the right link reads within verify's one-way
     tolerance (0.15 ms at 5 ms); with one direction 10 % long the round-trip probe reads half of its 0.5 ms,
-    beyond it. The model takes none of this as input, so it cannot absorb the fault."""
+    beyond it. The model takes none of this as input, so it cannot absorb the fault. The fault is read against
+    the right launches' median, not the reference alone: one launch's probe is itself up to ~0.1 ms off (CI
+    once read +0.144 ms for the fault against one reference), which would eat most of the 0.1 ms margin."""
     planned = [5e-3]
     reference = _probed_cost(link, tmp_path / "reference")
     again = [link_excess(_probed_cost(link, tmp_path / f"right-{i}"), reference, planned) for i in range(ROUNDS)]
@@ -175,5 +178,6 @@ def test_a_delay_10_percent_long_reads_as_the_links_error_beyond_verifys_toleran
         faulted, bound = link_excess(_probed_cost(link, tmp_path / "faulted"), reference, planned)
     assert bound == [pytest.approx(0.15e-3)]
     assert any(abs(e[0]) <= b[0] for e, b in again), again               # host noise may fail one launch, not all
-    assert faulted[0] > bound[0], (faulted, bound)
-    assert faulted[0] == pytest.approx(0.25e-3, abs=0.1e-3), faulted
+    beyond_right = faulted[0] - statistics.median(e[0] for e, _ in again)
+    assert beyond_right > bound[0], (faulted, again, bound)
+    assert beyond_right == pytest.approx(0.25e-3, abs=0.1e-3), (faulted, again)
