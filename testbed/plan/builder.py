@@ -174,7 +174,9 @@ def _reshaped_edge(d: LinkDirection, rate_bps: float | None, delay_s: float | No
                                          d.delay_s if delay_s is None else delay_s, reverse_s)
     new = dataclasses.replace(edge, headroom_bytes=headroom,
                               drain_rate_bps=edge.drain_rate_bps if edge_rate_bps is None else edge_rate_bps)
-    for _key, problem, fix in edge_model.edge_problems(new):
+    found = edge_model.edge_problems(new)
+    if found:
+        _key, problem, fix = found[0]
         raise ReshapeError(f"{d.link} ({d.label}): {problem}", hint=fix)
     return new
 

@@ -268,8 +268,10 @@ class DelayLine:
             self.held.setdefault(q, deque())
             if cfg.edge is None:
                 self.edges.pop(q, None)
-            elif q not in self.edges or self.edges[q].config != cfg.edge:
-                self.edges[q] = OtnEdge(cfg.edge) if q not in self.edges else self.edges[q].reconfigured(cfg.edge)
+            elif q in self.edges:              # a new rate applies to what arrives next; what it holds stays
+                self.edges[q].config = cfg.edge
+            else:
+                self.edges[q] = OtnEdge(cfg.edge)
 
     def _send(self, sock: socket.socket, message_for_seq: object) -> None:
         self.seq += 1
@@ -382,15 +384,15 @@ class DelayLine:
         return min(heads) if heads else None
 
     def write_stats(self) -> None:
+        for q, edge in self.edges.items():
+            edge.settle(self.clock.monotonic())
+            self.stats[q].edge = edge.counters.to_json()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         stats = DaemonStats(pid=os.getpid(), ready=True, uptime_s=self.clock.monotonic() - (self.started or 0.0),
                             advance_us=self.advance_s * 1e6, spin=self.spin, oversleep_p90_us=self.oversleep_p90_s * 1e6,
                             generation=self.generation, cpu_s=usage.ru_utime + usage.ru_stime, realtime=self.realtime,
                             advance_sparse_us=self.advance_sparse_s * 1e6,
                             queues={q: s for q, s in self.stats.items() if q in self.queues})
-        for q, edge in self.edges.items():
-            edge.settle(self.clock.monotonic())
-            self.stats[q].edge = edge.counters.to_json()
         tmp = self.stats_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(stats.to_json()))
         os.replace(tmp, self.stats_path)

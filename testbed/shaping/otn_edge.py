@@ -134,12 +134,6 @@ class OtnEdge:
             c.pauses += 1
         return depart
 
-    def reconfigured(self, config: EdgeConfig) -> OtnEdge:
-        """The same edge (what it holds, its pause, its counters) under a new configuration (SIGHUP: a rate cut
-        applies to packets arriving afterwards)."""
-        self.config = config
-        return self
-
     def settle(self, now: float, quiet_s: float = 0.1) -> None:
         """Account a pending pause that no later packet has resolved (traffic stopped behind it), once `quiet_s`
         has passed since it acted (every packet sent before it has reached the daemon by then)."""

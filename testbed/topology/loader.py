@@ -398,10 +398,8 @@ def _build_link(index: int, a: str, b: str, spec: dict[str, Any], path: str, lin
     if mtu is None or lossless is None or None in directions:
         return None
     edge = _build_edge(spec, lossless, path, directions, check)   # type: ignore[arg-type]
-    if edge is False:
-        return None
     return OtnLink(index=index, a=a, b=b, distance_km=distance, mtu=mtu, lossless=lossless != "false",
-                   a_to_b=directions[0], b_to_a=directions[1], real_rate_bps=real_rate, edge=edge or None)
+                   a_to_b=directions[0], b_to_a=directions[1], real_rate_bps=real_rate, edge=edge)
 
 
 def _lossless(value: Any, path: str, check: _Checker) -> str | None:
@@ -418,19 +416,19 @@ def _lossless(value: Any, path: str, check: _Checker) -> str | None:
 
 
 def _build_edge(spec: dict[str, Any], lossless: str, path: str, directions: list[DirectionSpec],
-                check: _Checker) -> EdgeSpec | None | bool:
-    """The link's edge buffer (None: today's plain link; False: a problem was reported)."""
+                check: _Checker) -> EdgeSpec | None:
+    """The link's edge buffer; None: a plain link, or a problem reported (the file is then refused whole)."""
     given = {k: spec[k] for k in EDGE_KEYS if k in spec}
     if lossless == "queue" and set(given) - {"edge_rate"}:
         key = sorted(set(given) - {"edge_rate"})[0]
         check.add(_join(path, key), f"'{key}' on a link with a deep queue (lossless: {spec.get('lossless', True)!r})",
                   f"set '{_join(path, 'lossless')}: pfc' for a finite buffer with pause, or false for tail drop")
-        return False
+        return None
     if lossless == "false" and {"xoff", "xon"} & set(given):
         key = sorted({"xoff", "xon"} & set(given))[0]
         check.add(_join(path, key), f"PFC threshold '{key}' on a link without PFC (lossless: false)",
                   f"set '{_join(path, 'lossless')}: pfc', or remove '{key}'")
-        return False
+        return None
     if lossless != "pfc" and not given:
         return None
     sizes = {k: check.quantity(given[k], _join(path, k), units.parse_size, strict=k == "buffer")
@@ -438,21 +436,20 @@ def _build_edge(spec: dict[str, Any], lossless: str, path: str, directions: list
     drain = (check.quantity(given["edge_rate"], _join(path, "edge_rate"), units.parse_rate, strict=True,
                             maximum=MAX_RATE_BPS) if "edge_rate" in given else None)
     if None in sizes.values() or ("edge_rate" in given and drain is None):
-        return False
+        return None
     if any(d.jitter_s for d in directions):
         check.add(_join(path, "jitter"), "jitter on a link with an edge buffer (the edge model keeps order and "
                   "has no jitter)", "remove 'jitter', or the edge keys")
-        return False
+        return None
     mode = {"pfc": "pfc", "queue": "queue", "false": "drop"}[lossless]
     edge = EdgeSpec(mode, sizes.get("buffer"), sizes.get("xoff"), sizes.get("xon"), drain)
-    reported = False
-    for forward, reverse in ((directions[0], directions[1]), (directions[1], directions[0])):
-        for key, problem, fix in edge_problems(
-                resolve_edge(edge, forward.rate_bps, forward.delay_s, reverse.delay_s)):
-            if not reported:
-                check.add(_join(path, key), problem, fix)
-                reported = True
-    return False if reported else edge
+    found = [problem for forward, reverse in ((directions[0], directions[1]), (directions[1], directions[0]))
+             for problem in edge_problems(resolve_edge(edge, forward.rate_bps, forward.delay_s, reverse.delay_s))]
+    if found:
+        key, problem, fix = found[0]            # one per link: both directions usually say the same
+        check.add(_join(path, key), problem, fix)
+        return None
+    return edge
 
 
 def _build_direction(merged: dict[str, Any], own: dict[str, Any], link_spec: dict[str, Any], dpath: str,
