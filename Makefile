@@ -27,7 +27,7 @@ APT_PACKAGES := iproute2 iptables iputils-ping iperf3 bridge-utils mininet openv
 	rdma-core ibverbs-utils perftest python3-pyverbs
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-real demo-profile demo-paper install apt stock-kernel test test-host test-unit multihost vm-test vm-test-remote lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport bench-schedules-transport breakdown bench-yardstick bench-repro bench-replay bench-overhead cli clean
+.PHONY: demo demo-real demo-profile demo-paper congestion install apt stock-kernel test test-host test-unit multihost vm-test vm-test-remote lint up down status plan doctor bench-up bench-links bench-pipeline bench-backends bench-verify bench-soak bench-transport bench-schedules-transport breakdown bench-yardstick bench-repro bench-replay bench-overhead cli clean
 
 install: $(STAMP) stock-kernel
 
@@ -125,6 +125,12 @@ demo-profile: install
 demo-paper: install
 	$(TESTBED) paper 3dc-8stages --compute $(or $(PROFILE),llama2-13b-910b-tp8) --spines 400,25 --distances 1000,3000 \
 		$(DEMO_ARGS)
+
+# The paper's congestion test (docs/congestion.md): a 1000 km PFC DC-OTN shared with background flows at 90 % of
+# its rate, the spine port cut to half at iteration 3, once each with PFC, tail drop and a deep queue; one report
+# with the plot. About 4 minutes on 2 cores.
+congestion: install
+	$(TESTBED) congestion $(DEMO_ARGS)
 
 plan: install
 	$(TESTBED) plan $(TOPO)

@@ -38,6 +38,7 @@ from testbed.check.checks import Check, VerifyReport
 from testbed.deploy import lifecycle
 from testbed.errors import TestbedError
 from testbed.experiment import records as _records
+from testbed.experiment.congestion import CongestionSpec
 from testbed.run.events import At, EventRecord, LinkChange, LinkDown
 from testbed.run.runner import LinkSweep, RunError, RunOptions, SweepPoint
 from testbed.run.summary import RunSummary, ScheduleSummary
@@ -50,11 +51,12 @@ from workloads import schedule as _schedule
 from workloads.schedule import Action, Op, Schedule, ScheduleError
 
 __all__ = [
-    "POINT_COLUMNS", "Action", "At", "BackendError", "Direction", "EventRecord", "ExperimentResult", "ExperimentSpec",
+    "POINT_COLUMNS", "Action", "At", "BackendError", "CongestionSpec",
+    "Direction", "EventRecord", "ExperimentResult", "ExperimentSpec",
     "Link", "LinkChange", "LinkControl", "LinkDown", "LinkSweep", "Node", "Op", "RunError", "RunResult", "RunSummary", "Schedule",
     "ScheduleError", "ScheduleSummary", "SweepPoint", "Testbed", "TestbedError", "UserScheduleError", "VerifyResult",
     "km", "link_down", "link_set",
-    "register_schedule", "registered_schedules", "run_experiment", "schedule", "unregister_schedule",
+    "register_schedule", "registered_schedules", "run_congestion", "run_experiment", "schedule", "unregister_schedule",
 ]
 
 VerifyResult = VerifyReport
@@ -438,6 +440,18 @@ def run_experiment(spec: ExperimentSpec | _records.ExperimentSpec | None = None,
     with _guarded():
         exp_dir = Experiment(spec, log=log or (lambda _m: None)).run()
     return ExperimentResult(exp_dir)
+
+
+def run_congestion(spec: CongestionSpec | None = None, *, log: Callable[[str], None] | None = print,
+                   **fields_: Any) -> Path:
+    """`testbed congestion`: the paper's congestion test, one testbed per edge variant (pfc, drop, queue) with the
+    topology's background traffic and the spine port cut mid-run; returns the folder with congestion.json,
+    congestion.png and report.md. `CongestionSpec` fields may be given as keywords (`iterations=6`)."""
+    from testbed.experiment.congestion import run_congestion as run
+
+    spec = dataclasses.replace(spec, **fields_) if spec is not None else CongestionSpec(**fields_)
+    with _guarded():
+        return run(spec, log=log or (lambda _m: None))
 
 
 # --- the testbed ------------------------------------------------------------------------------------------------

@@ -285,6 +285,39 @@ def _planned_schedules(text: str) -> list[str]:
     return chosen
 
 
+def args_congestion(p: argparse.ArgumentParser) -> None:
+    p.add_argument("topology", nargs="?", default="2dc-congestion",
+                   help="file or shipped name: a first link with 'lossless: pfc' and 'background:' traffic")
+    p.add_argument("--variants", default="pfc,drop,queue", help="the edges to compare, comma-separated")
+    p.add_argument("--cut", type=float, default=0.5, help="the spine port's rate after the cut, as a fraction")
+    p.add_argument("--cut-iteration", type=int, default=3, help="the timed iteration the cut starts")
+    p.add_argument("--iterations", type=int, default=6, help="timed iterations per run (after one warm-up)")
+    p.add_argument("--microbatches", type=int, default=8, help="micro-batches per iteration")
+    p.add_argument("--schedule", default="1f1b", help="the pipeline schedule")
+    p.add_argument("--compute", default="gpt-7b-h100", help="compute as time: a deployment profile (profiles/)")
+    p.add_argument("--results", default="results", help="where the experiment's folder goes")
+
+
+def check_congestion(args: argparse.Namespace) -> None:
+    from testbed.experiment.congestion import CongestionSpec
+
+    args.spec = CongestionSpec(topology=args.topology, variants=tuple(v.strip() for v in args.variants.split(",")
+                                                                       if v.strip()),
+                               cut=args.cut, cut_iteration=args.cut_iteration, iterations=args.iterations,
+                               microbatches=args.microbatches, schedule=args.schedule, compute=args.compute,
+                               results=args.results)
+    args.spec.check()                   # a CongestionError names what would run
+
+
+def cmd_congestion(args: argparse.Namespace) -> int:
+    from testbed.api import run_congestion
+
+    out = run_congestion(args.spec)
+    print((out / "report.md").read_text())
+    print(f"results: {out} (report.md, congestion.png, congestion.json, one run folder per variant)")
+    return 0
+
+
 def cmd_cli(args: argparse.Namespace) -> int:
     from testbed.backends.mininet_cli import run_cli
 
@@ -826,6 +859,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("paper", "GeoPipe's own experiment: each schedule at its planned shape, spine rate x distance, a "
             "deployment profile as time", args_paper, cmd_paper, "sudo testbed paper --spines 100,400 --distances 0,1000",
             needs_root=True, check=check_paper),
+    Command("congestion", "the paper's congestion test: background traffic, the spine port cut mid-run, PFC "
+            "against tail drop and a deep queue", args_congestion, cmd_congestion,
+            "sudo testbed congestion --iterations 6 --cut-iteration 3", needs_root=True, check=check_congestion),
     Command("remote", "the same experiment on real machines over SSH (an inventory file)", args_remote, cmd_remote,
             "testbed remote cycle lab.yaml --schedule 1f1b,geopipe", check=check_training,
             details="\n".join(f"  {k:<10} {v}" for k, v in REMOTE_ACTIONS.items())),

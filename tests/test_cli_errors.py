@@ -196,7 +196,7 @@ def test_the_parser_root_check_and_usage_come_from_one_table() -> None:
         assert f"  {command.name:<11} {command.summary}" in (cli.__doc__ or "")
         assert command.help.endswith("(needs root)") == command.needs_root
     assert {c.name for c in cli.COMMANDS if c.needs_root} == {"up", "down", "exec", "verify", "link", "run",
-                                                                "experiment", "paper", "cli"}
+                                                                "experiment", "paper", "congestion", "cli"}
     assert len(inspect.getsourcelines(cli.build_parser)[0]) < 40
 
 

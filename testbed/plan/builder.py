@@ -91,7 +91,7 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
                           interfaces=tuple(interfaces), routes=routes, sysctls=COMMON_SYSCTLS + ROUTER_SYSCTLS,
                           bridge=BRIDGE_IFNAME, bridge_ports=ports))
     directions: list[LinkDirection] = []
-    total_hosts = len(topology.hosts)
+    senders = len(topology.hosts) + sum(load.flows - 1 for load in topology.background)   # each flow has a window
     for link in topology.links:
         veths.append(Veth("otn", router_name(link.a), otn_ifname(link.index), router_name(link.b),
                           otn_ifname(link.index), link.mtu, link=link.name))
@@ -99,7 +99,7 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
         for src, dst in ((link.a, link.b), (link.b, link.a)):
             d = link.direction(src)
             wire = link.mtu + ETH_OVERHEAD
-            window_packets = max(MIN_QUEUE_PACKETS, math.ceil(max(1, total_hosts) * tcp_buffer / wire))
+            window_packets = max(MIN_QUEUE_PACKETS, math.ceil(max(1, senders) * tcp_buffer / wire))
             edge = (None if link.edge is None else
                     edge_model.resolve_edge(link.edge, d.rate_bps, d.delay_s, link.direction(dst).delay_s))
             directions.append(LinkDirection(
@@ -116,7 +116,8 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
                   for lk in topology.links if lk.scale is not None and lk.real_rate_bps)
     return Plan(testbed=name, topology=topology.name, source=topology.source, nodes=tuple(nodes),
                 veths=tuple(veths), directions=tuple(directions), tcp_buffer_bytes=tcp_buffer, paths=paths, notes=notes,
-                fabrics={dc.name: dc.fabric for dc in topology.datacenters}, rdma=topology.rdma)
+                fabrics={dc.name: dc.fabric for dc in topology.datacenters}, rdma=topology.rdma,
+                background=topology.background)
 
 
 def delay_queue_packets(rate_bps: float, delay_s: float, jitter_s: float, mtu: int,

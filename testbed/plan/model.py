@@ -7,6 +7,7 @@ import ipaddress
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from testbed.topology.background import BackgroundLoad
 from testbed.topology.edge import EdgeDirection
 from testbed.topology.model import Fabric
 
@@ -162,6 +163,8 @@ class Plan:
     notes: tuple[str, ...] = ()
     rdma: str = "none"
     """`softroce`: bring-up gives every host an rxe device (testbed/rdma/softroce.py)."""
+    background: tuple[BackgroundLoad, ...] = ()
+    """The topology's background loads, started and stopped with each run (testbed/run/background.py)."""
 
     def node(self, name: str) -> Node:
         for node in self.nodes:
@@ -225,7 +228,8 @@ class Plan:
                    fabrics={dc: Fabric(float(f["rate_bps"]), float(f["latency_s"]), f.get("mtu"))
                             for dc, f in data.get("fabrics", {}).items()},
                    paths={src: {dst: list(p) for dst, p in by.items()} for src, by in data.get("paths", {}).items()},
-                   notes=tuple(data.get("notes", ())), rdma=str(data.get("rdma", "none")))
+                   notes=tuple(data.get("notes", ())), rdma=str(data.get("rdma", "none")),
+                   background=tuple(BackgroundLoad(**b) for b in data.get("background", ())))
 
 
 def _jsonable(value: Any) -> Any:

@@ -18,6 +18,8 @@ def render_plan(plan: Plan) -> str:
     edges = [d for d in plan.directions if d.edge is not None]
     if edges:
         out.append(render_edges(edges))
+    if plan.background:
+        out.append(render_background(plan))
     rows = [(n.name, str(r.dst), str(r.gateway), r.dev, str(r.src or "-")) for n in plan.routers for r in n.routes]
     out.append(table.render(["router", "destination", "via", "dev", "src"], rows, "\nRoutes (shortest one-way delay)"))
     rows = [(src, dst, " > ".join(p)) for src, by in plan.paths.items() for dst, p in by.items() if src != dst]
@@ -49,3 +51,14 @@ def render_edges(directions: list[LinkDirection]) -> str:
     return table.render(["link", "direction", "edge", "buffer", "XOFF", "XON", "headroom", "pause takes", "DC-side rate"],
                         rows, "\nOTN edges (headroom: (both delays + response) x rate + two 64 KiB units; "
                         "testbed/topology/edge.py)")
+
+
+def render_background(plan: Plan) -> str:
+    """The background loads: who sends to whom, how many flows at what rate, in which class, over which links."""
+    rows = []
+    for load in plan.background:
+        src, dst = plan.node(load.src).dc, plan.node(load.dst).dc
+        rows.append((load.src, load.dst, load.flows, units.format_rate(load.rate_bps) if load.rate_bps else "unpaced",
+                     "lossy (CS1)" if load.lossy else "lossless", ", ".join(d.label for d in plan.hops(src, dst))))
+    return table.render(["from", "to", "flows", "rate", "class", "crosses"], rows,
+                        "\nBackground traffic (started and stopped with each run; testbed/run/background.py)")

@@ -32,6 +32,7 @@ from testbed.plan.model import LinkDirection, Node, Plan
 from testbed.run import events as run_events
 from testbed.run import metrics
 from testbed.run.attempts import Attempt, attempt_folder, best_attempt
+from testbed.run.background import read_traffic, shared_traffic
 from testbed.run.breakdown import breakdown
 from testbed.run.compute import run_table
 from testbed.run.dilation import (
@@ -268,8 +269,10 @@ def run_group(backend: Backend, schedules: list[str], options: RunOptions, hosts
                 _apply_point(backend, sweep, sweep.points[index], dilation.factor)
             switch(0)
         slow = table.slowed(dilation.factor) if table is not None and dilation.on else table   # spans too, in time
-        _run_workers(backend, schedules, options, hosts, out_dir, progress, monitor, transport, caps, settings,
-                     switch, slow, player=player, shipped=shipped)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with shared_traffic(backend, out_dir):
+            _run_workers(backend, schedules, options, hosts, out_dir, progress, monitor, transport, caps, settings,
+                         switch, slow, player=player, shipped=shipped)
     traces = {}
     for entry in entries(schedules, sweep):
         folder = out_dir / entry
@@ -544,6 +547,8 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
             "more run than there are cores, so bubble ratios are under-stated (recorded in summary.json)")
     tokens = options.microbatches * (table.tokens_per_microbatch if table is not None and table.tokens_per_microbatch
                                      else options.microbatch_size * options.model.block_size)
+    for load in plan.background:
+        log(f"background traffic, started before the workers and stopped after them: {load.describe()}")
     log(f"running {', '.join(options.schedules)}" + (" interleaved" if len(options.schedules) > 1 else "")
         + f": {len(hosts)} stages on {', '.join(h.name for h in hosts)}")
 
@@ -616,7 +621,7 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
         transport_detail={s: [r.transport_detail for r in ranks] for s, ranks in traces.items() if transport.devices},
         kernel=platform.release(), cpus=cpus, oversubscribed=oversubscribed and not dilation.on, dilation=dilation,
         workers=len(hosts), delay_daemons=daemons, options=options.to_json(), schedules=summaries,
-        daemon_restarts=_restarts(shaper) - restarts_before, **compute_fields(options, traces))
+        daemon_restarts=_restarts(shaper) - restarts_before, **read_traffic(best.where), **compute_fields(options, traces))
     write_run(run_dir, summary, traces, plan, log)
     if best.where in players:
         origin = min(it.start for ranks in traces.values() for r in ranks for it in r.iterations)

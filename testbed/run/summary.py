@@ -238,6 +238,11 @@ class RunSummary:
     """False where no arithmetic ran (compute as time): losses and gradients are then absent."""
     fb_per_microbatch_s: float | None = None
     """F+B of one micro-batch on the median stage: measured alone for real compute, the table's for timed."""
+    background: list[dict[str, Any]] = field(default_factory=list)
+    """The topology's background loads during the kept launch: bytes sent, seconds, TCP retransmits (iperf3's)."""
+    tcp: dict[str, dict[str, int] | None] = field(default_factory=dict)
+    """Per host, its namespace's TCP counters over the kept launch: retransmits, of those tail-loss probes, and
+    timeouts (testbed/probe/tcpstats.py; None: unreadable)."""
     rate_scale: list[float] = field(default_factory=list)
     """Per stage link, the deployment's rate over the emulated one (timed compute from a profile); empty: 1."""
 

@@ -385,8 +385,7 @@ class DelayLine:
 
     def write_stats(self) -> None:
         for q, edge in self.edges.items():
-            edge.settle(self.clock.monotonic())
-            self.stats[q].edge = edge.counters.to_json()
+            self.stats[q].edge = edge.snapshot(self.clock.monotonic())
         usage = resource.getrusage(resource.RUSAGE_SELF)
         stats = DaemonStats(pid=os.getpid(), ready=True, uptime_s=self.clock.monotonic() - (self.started or 0.0),
                             advance_us=self.advance_s * 1e6, spin=self.spin, oversleep_p90_us=self.oversleep_p90_s * 1e6,

@@ -65,6 +65,10 @@ class EdgeCounters:
     queue_delay_max_s: float = 0.0
     """Longest wait in the edge buffer."""
     bytes_in: int = 0
+    buffer_now_bytes: int = 0
+    """What the buffer held when the statistics were written (packets that have reached it, not yet forwarded)."""
+    buffer_interval_peak_bytes: int = 0
+    """The buffer's peak since the statistics were written before (a time series of occupancy, sampled whole)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,6 +129,7 @@ class OtnEdge:
         c = self.counters
         c.bytes_in += size
         c.buffer_peak_bytes = max(c.buffer_peak_bytes, self.buffered_bytes)
+        c.buffer_interval_peak_bytes = max(c.buffer_interval_peak_bytes, self.buffered_bytes)
         c.queue_delay_max_s = max(c.queue_delay_max_s, depart - at_edge)
         if cfg.mode == "pfc" and self.pause_at is None and self.buffered_bytes > cfg.xoff_bytes \
                 and at_edge >= self.resume_at - cfg.pause_delay_s:
@@ -133,6 +138,17 @@ class OtnEdge:
             self.pause_log = list(self.buffer)
             c.pauses += 1
         return depart
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """The counters at `now`, for the statistics file: a settled pause, the buffer's occupancy now and its peak
+        since the last snapshot (which starts again from now)."""
+        self.settle(now)
+        c = self.counters
+        c.buffer_now_bytes = sum(e.size for e in self.buffer if e.arrive <= now < e.depart)
+        c.buffer_interval_peak_bytes = max(c.buffer_interval_peak_bytes, c.buffer_now_bytes)
+        data = c.to_json()
+        c.buffer_interval_peak_bytes = c.buffer_now_bytes
+        return data
 
     def settle(self, now: float, quiet_s: float = 0.1) -> None:
         """Account a pending pause that no later packet has resolved (traffic stopped behind it), once `quiet_s`

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from testbed.topology.background import parse_background
 from testbed.topology.edge import EdgeSpec, edge_problems, resolve_edge
 from testbed.topology.errors import Problem, TopologyError
 from testbed.topology.model import (
@@ -34,7 +35,7 @@ from testbed.util.paths import shipped_topologies
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,27}$")
 NAME_RULE = "names are 1-28 characters of a-z, 0-9 and '-', starting with a letter or digit"
 
-TOP_KEYS = {"name", "description", "defaults", "datacenters", "links", "addressing", "rdma", "tcp"}
+TOP_KEYS = {"name", "description", "defaults", "datacenters", "links", "addressing", "rdma", "tcp", "background"}
 TCP_KEYS = {"congestion_control", "slow_start_after_idle"}
 CONGESTION_CONTROLS = ("reno", "cubic", "bbr", "dctcp", "htcp", "vegas")
 RDMA_KINDS = ("none", "softroce")
@@ -211,10 +212,13 @@ def _build(raw: Any, check: _Checker, source: str) -> Topology | None:
     base = _build_addressing(top.get("addressing"), len(dcs), len(links), check)
     rdma = _build_rdma(top.get("rdma", "none"), links, dcs, check)
     tcp = _build_tcp(top.get("tcp"), check)
+    background, problems = parse_background(top.get("background"), {h: dc.name for dc in dcs for h in dc.hosts})
+    for problem in problems:
+        check.add(*problem)
     if check.problems or name is None or base is None:
         return None
     return Topology(name=name, description=description, source=source, datacenters=tuple(dcs),
-                    links=tuple(links), address_base=base, rdma=rdma, tcp=tcp)
+                    links=tuple(links), address_base=base, rdma=rdma, tcp=tcp, background=tuple(background))
 
 
 def _build_tcp(raw: Any, check: _Checker) -> TcpSettings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from testbed.topology.background import BackgroundLoad
 from testbed.topology.edge import EdgeSpec
 
 FIBRE_DELAY_S_PER_KM = 5e-6
@@ -114,6 +115,8 @@ class Topology:
     rdma: str = "none"
     """`softroce`: every host gets an rxe device on its interface at bring-up (testbed/rdma)."""
     tcp: TcpSettings = TcpSettings()
+    background: tuple[BackgroundLoad, ...] = ()
+    """Bulk flows between named hosts that share the OTN links with the pipeline (testbed/topology/background.py)."""
 
     def dc(self, name: str) -> Datacenter:
         for dc in self.datacenters:
