@@ -128,7 +128,7 @@ demo-paper: install
 
 # The paper's congestion test (docs/congestion.md): a 1000 km PFC DC-OTN shared with background flows at 90 % of
 # its rate, the spine port cut to half at iteration 3, once each with PFC, tail drop and a deep queue; one report
-# with the plot. About 4 minutes on 2 cores.
+# with the plot. About 3 minutes on 2 cores.
 congestion: install
 	$(TESTBED) congestion $(DEMO_ARGS)
 

@@ -310,9 +310,9 @@ def check_congestion(args: argparse.Namespace) -> None:
 
 
 def cmd_congestion(args: argparse.Namespace) -> int:
-    from testbed.api import run_congestion
+    from testbed.experiment.congestion import run_congestion
 
-    out = run_congestion(args.spec)
+    out = run_congestion(args.spec)     # the API's run_congestion less its signal guard: main() reports a signal
     print((out / "report.md").read_text())
     print(f"results: {out} (report.md, congestion.png, congestion.json, one run folder per variant)")
     return 0

@@ -161,3 +161,101 @@ def test_iteration_steps_place_each_iteration_from_the_first_start(tmp_path: Pat
     assert origin == 10.0
     assert [(s["iteration"], round(s["start_s"], 6), round(s["step_s"], 6)) for s in steps] == [(1, 1.0, 1.0),
                                                                                                 (2, 2.0, 1.0)]
+
+
+FAKE_IPERF = """#!/bin/sh
+# A stand-in for iperf3: the server waits; the client's behaviour is chosen by FAKE_CLIENT.
+case "$1" in
+  -s) exec sleep 30 ;;
+esac
+if [ "$FAKE_CLIENT" = fail ]; then echo '{"error": "unable to connect to server"}'; exit 1; fi
+trap 'echo "{\\"end\\": {\\"sum_sent\\": {\\"bytes\\": 1000, \\"seconds\\": 1.0, \\"retransmits\\": 2}}}"; exit 0' TERM
+while :; do sleep 0.05; done
+"""
+
+
+def _fake_backend():  # type: ignore[no-untyped-def]
+    import subprocess
+    from types import SimpleNamespace
+
+    plan = build_plan(parse_topology(TWO_BY_TWO + "background: [{from: dc-a-h2, to: dc-b-h2, rate: 40mbit}]"))
+    state = SimpleNamespace(plan=plan, processes=[], save=lambda: None)
+    return SimpleNamespace(state=state, popen=lambda _node, argv, **kw: subprocess.Popen(argv, **kw))
+
+
+def test_loads_are_stopped_and_reported_with_the_dilation_undone(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from testbed.run import background
+
+    fake = tmp_path / "iperf3"
+    fake.write_text(FAKE_IPERF)
+    fake.chmod(0o755)
+    monkeypatch.setattr(background, "require_iperf3", lambda: str(fake))
+    backend = _fake_backend()
+    with background.background_traffic(backend, backend.state.plan.background, tmp_path, log=lambda _m: None,
+                                       dilation=2.0) as reports:
+        assert {p.role for p in backend.state.processes} == {"background"} and len(backend.state.processes) == 2
+    assert backend.state.processes == []
+    (report,) = reports
+    assert (report.bytes_sent, report.retransmits, report.rate_bps) == (1000, 2, 40e6)
+    assert report.sent_bps == 16000                                   # 8000 bit/s in slow motion, k = 2
+    assert "-b 20000000 " in " ".join(iperf_command(BackgroundLoad("a", "b", rate_bps=20e6), "x", 1)) + " "
+
+
+def test_a_load_that_cannot_start_leaves_no_process(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from testbed.run import background
+
+    fake = tmp_path / "iperf3"
+    fake.write_text(FAKE_IPERF)
+    fake.chmod(0o755)
+    monkeypatch.setattr(background, "require_iperf3", lambda: str(fake))
+    monkeypatch.setenv("FAKE_CLIENT", "fail")
+    backend = _fake_backend()
+    with pytest.raises(background.BackgroundError, match="unable to connect"), \
+            background.background_traffic(backend, backend.state.plan.background, tmp_path, log=lambda _m: None):
+        pytest.fail("the block must not run")
+    assert backend.state.processes == []                              # the waiting server was stopped too
+
+
+def test_the_edge_snapshot_gives_occupancy_now_and_the_peak_since_the_last() -> None:
+    from testbed.shaping.otn_edge import EdgeConfig, OtnEdge
+
+    edge = OtnEdge(EdgeConfig("drop", line_rate_bps=100e6, drain_rate_bps=10e6, buffer_bytes=0))
+    for i in range(10):                                               # 10 x 1000 B at 100 Mbit/s into 10 Mbit/s
+        edge.admit(i * 80e-6, 1000, 0.001)
+    first = edge.snapshot(0.0015)             # 7 reached the edge (1 ms + 80 us each), the first one forwarded
+    assert first["buffer_now_bytes"] == 6000 and first["buffer_interval_peak_bytes"] == 9000
+    assert first["at_s"] == 0.0015
+    later = edge.snapshot(0.1)                                        # drained; the peak starts again from now
+    assert later["buffer_now_bytes"] == 0 and later["buffer_interval_peak_bytes"] == first["buffer_now_bytes"]
+    assert edge.snapshot(0.2)["buffer_interval_peak_bytes"] == 0
+
+
+def test_a_host_that_is_not_a_name_is_refused_not_crashed() -> None:
+    with pytest.raises(TopologyError, match=r"background\[0\].from: expected a host name"):
+        parse_topology(TWO_BY_TWO + "background: [{from: [dc-a-h1], to: dc-b-h2}]")
+
+
+def test_drops_count_each_lost_packet_once() -> None:
+    from testbed.experiment.congestion_report import link_drops
+
+    assert link_drops({"drops_during_run": 5, "edge": {"mode": "pfc", "drops": 5}}) == 5       # the shaper has them
+    assert link_drops({"drops_during_run": 2, "edge": {"mode": "drop", "drops": 71}}) == 73    # it does not
+    assert link_drops({"drops_during_run": None, "edge": None}) == 0
+
+
+def test_the_sampler_keeps_each_new_write_at_its_own_time() -> None:
+    import time
+    from types import SimpleNamespace
+
+    from testbed.experiment.edge_sampler import EdgeSampler
+    from testbed.shaping.otn_edge import EdgeCounters
+
+    writes = iter([{"x": EdgeCounters(bytes_in=1, at_s=5.0)}] * 3 + [{"x": EdgeCounters(bytes_in=9, at_s=5.5)}] * 50)
+    shaper = SimpleNamespace(edge_counters=lambda: next(writes, {}))
+    with EdgeSampler(shaper) as sampler:          # type: ignore[arg-type]
+        time.sleep(0.6)
+    assert [(s.t, s.counters.bytes_in) for s in sampler.samples] == [(5.0, 1), (5.5, 9)]
+    broken = SimpleNamespace(edge_counters=lambda: 1 / 0)
+    with EdgeSampler(broken) as sampler:          # type: ignore[arg-type]
+        time.sleep(0.2)
+    assert "ZeroDivisionError" in sampler.error

@@ -34,6 +34,8 @@ from testbed.util.paths import resolve_topology
 from workloads.records import RankTrace
 
 VARIANTS = ("pfc", "drop", "queue")
+SAMPLE_LEAD_S = 1.0
+"""Edge samples kept from this long before the run's first iteration (the warm-up's) to as long after its last."""
 EDGE_KEYS = ("lossless", "buffer", "xoff", "xon")
 
 
@@ -148,9 +150,14 @@ def run_variant(backend: Backend, spec: CongestionSpec, variant: str, out: Path,
     data = json.loads((run_dir / "summary.json").read_text())
     origin, steps = iteration_steps(run_dir / spec.schedule)
     events = data.get("events") or []
+    end = steps[-1]["end_s"] if steps else 0.0
+    kept = [s.to_json(origin) for s in sampler.samples]         # the kept launch's (a repeated one's fall outside)
+    if sampler.error:
+        log(f"  edge sampling stopped early: {sampler.error}")
     return VariantResult(variant=variant, run_dir=str(run_dir), steps=steps,
                          cut_s=events[0]["start_s"] if events else None,
-                         samples=[s.to_json(origin) for s in sampler.samples], links=data["links"],
+                         samples=[s for s in kept if -SAMPLE_LEAD_S <= s["t"] <= end + SAMPLE_LEAD_S],
+                         links=data["links"],
                          tcp=data.get("tcp", {}), background=data.get("background", []),
                          fb_per_microbatch_s=summary.fb_per_microbatch_s)
 

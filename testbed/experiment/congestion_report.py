@@ -68,7 +68,7 @@ def summarize(variant: dict[str, Any], cut_iteration: int) -> VariantRow:
     direction = f"{link['src_dc']} -> {link['dst_dc']}"
     points = series(variant["samples"], direction)
     cut = variant.get("cut_s")
-    end = max((p["t"] for p in points), default=0.0)
+    end = steps[-1]["end_s"] if steps else 0.0
     background_hosts = {b["load"].split(" -> ")[0] for b in variant["background"]} | \
         {b["load"].split(" -> ")[1] for b in variant["background"]}
     stage_tcp = [v for host, v in variant["tcp"].items() if host not in background_hosts and v]
@@ -78,9 +78,8 @@ def summarize(variant: dict[str, Any], cut_iteration: int) -> VariantRow:
         variant=variant["variant"], step_before_s=statistics.median(before) if before else None,
         step_after_s=statistics.median(after) if after else None, step_max_after_s=max(after) if after else None,
         throughput_before_bps=_mean_between(points, 0.0, cut) if cut is not None else None,
-        throughput_after_bps=_mean_between(points, cut + 1.0, end + 1) if cut is not None else None,
-        drops=sum(lk["drops_during_run"] or 0 for lk in variant["links"]) + sum(
-            (lk.get("edge") or {}).get("drops", 0) for lk in variant["links"]),
+        throughput_after_bps=_mean_between(points, cut + 1.0, end) if cut is not None else None,
+        drops=sum(link_drops(lk) for lk in variant["links"]),
         lossy_drops=sum((lk.get("edge") or {}).get("lossy_drops", 0) for lk in variant["links"]),
         pauses=sum((lk.get("edge") or {}).get("pauses", 0) for lk in variant["links"]),
         pause_s=sum((lk.get("edge") or {}).get("pause_s", 0.0) for lk in variant["links"]),
@@ -90,6 +89,15 @@ def summarize(variant: dict[str, Any], cut_iteration: int) -> VariantRow:
         stage_loss_probes=sum(t["loss_probes"] for t in stage_tcp),
         stage_timeouts=sum(t["timeouts"] for t in stage_tcp),
         background_retransmits=sum(b["retransmits"] for b in variant["background"]))
+
+
+def link_drops(link: dict[str, Any]) -> int:
+    """Every packet one direction lost during the run: its edge's lossless drops, and the rest of what the shaper
+    counted (which already holds a PFC edge's drops, the unintended kind, but not a finite buffer's)."""
+    edge = link.get("edge") or {}
+    at_edge = edge.get("drops", 0)
+    counted = link.get("drops_during_run") or 0
+    return at_edge + max(0, counted - (at_edge if edge.get("mode") == "pfc" else 0))
 
 
 def _ms(value: float | None) -> str:
@@ -168,7 +176,7 @@ def write_report(out: Path) -> Path:
              f"{spec['schedule']}, {spec['microbatches']} micro-batches, {spec['iterations']} timed iterations, "
              f"compute as time from `{spec['compute']}` (F+B per micro-batch per stage: {_ms(fb)}); the edges' "
              f"DC-side port cut to {spec['cut'] * 100:g} % at the start of iteration {spec['cut_iteration']}. "
-             "Buffer, throughput and pauses are the first direction's; drops and pauses count both.", "",
+             "Buffer and throughput are the first direction's; drops and pauses count both.", "",
              *table(rows), "", f"![step time, throughput, buffer and pause against time]({image.name})", "",
              "pfc: a finite buffer whose XOFF pauses the upstream port (every flow behind it waits: head-of-line "
              "blocking). drop: the same buffer without pause. queue: a deep queue that holds everything. TCP's "

@@ -33,6 +33,8 @@ class EdgeSampler:
 
     shaper: Shaper
     samples: list[EdgeSample] = field(default_factory=list)
+    error: str = ""
+    """Why sampling stopped early (empty: it did not)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -53,9 +55,12 @@ class EdgeSampler:
                 readings = self.shaper.edge_counters()
             except (OSError, ValueError):            # a statistics file being replaced: read it next time
                 readings = {}
+            except Exception as exc:                 # noqa: BLE001 - said in the record, the run goes on
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
             now = time.monotonic()
             for direction, counters in readings.items():
                 if counters != last.get(direction):
                     last[direction] = counters
-                    self.samples.append(EdgeSample(now, direction, counters))
+                    self.samples.append(EdgeSample(counters.at_s or now, direction, counters))   # when written
             self._stop.wait(POLL_S)

@@ -91,7 +91,7 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
                           interfaces=tuple(interfaces), routes=routes, sysctls=COMMON_SYSCTLS + ROUTER_SYSCTLS,
                           bridge=BRIDGE_IFNAME, bridge_ports=ports))
     directions: list[LinkDirection] = []
-    senders = len(topology.hosts) + sum(load.flows - 1 for load in topology.background)   # each flow has a window
+    senders = len(topology.hosts) + sum(load.flows for load in topology.background)   # each flow has a window
     for link in topology.links:
         veths.append(Veth("otn", router_name(link.a), otn_ifname(link.index), router_name(link.b),
                           otn_ifname(link.index), link.mtu, link=link.name))

@@ -3,11 +3,12 @@ segments sent again, and of those the tail-loss probes (sent after two round tri
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from testbed.backends.base import Backend
+from testbed.backends.base import Backend, BackendError
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +31,12 @@ class TcpCounters:
 
 
 def read_counters(backend: Backend, node: str) -> TcpCounters | None:
-    """The node's TCP counters; None where they cannot be read."""
-    result = backend.exec(node, ["cat", "/proc/net/snmp", "/proc/net/netstat"], capture_output=True, text=True,
-                          timeout=10)
+    """The node's TCP counters; None where they cannot be read (the node gone, or the read hung)."""
+    try:
+        result = backend.exec(node, ["cat", "/proc/net/snmp", "/proc/net/netstat"], capture_output=True, text=True,
+                              timeout=10)
+    except (BackendError, OSError, subprocess.TimeoutExpired):
+        return None
     return parse_counters(result.stdout) if result.returncode == 0 else None
 
 

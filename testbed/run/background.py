@@ -10,6 +10,7 @@ segments (its sockets' own count). Every process is registered in the testbed's 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shutil
 import signal
@@ -50,6 +51,8 @@ class LoadReport:
     lossy: bool
     rate_bps: float | None
     """The rate asked for (None: unpaced)."""
+    dilation: float = 1.0
+    """The run's time dilation k: the load ran at rate / k, as the links did; `sent_bps` is undilated."""
     bytes_sent: int = 0
     seconds: float = 0.0
     retransmits: int = 0
@@ -58,7 +61,7 @@ class LoadReport:
 
     @property
     def sent_bps(self) -> float:
-        return self.bytes_sent * 8 / self.seconds if self.seconds > 0 else 0.0
+        return self.bytes_sent * 8 * self.dilation / self.seconds if self.seconds > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "sent_bps": self.sent_bps}
@@ -68,7 +71,7 @@ class LoadReport:
 class _Running:
     load: BackgroundLoad
     server: subprocess.Popen[bytes]
-    client: subprocess.Popen[bytes]
+    client: subprocess.Popen[bytes] | None
     report: Path
 
 
@@ -82,61 +85,77 @@ def iperf_command(load: BackgroundLoad, address: str, port: int) -> list[str]:
     return argv
 
 
+def require_iperf3() -> str:
+    """iperf3's path, or an error that says how to install it (checked before a run with background loads)."""
+    iperf3 = shutil.which("iperf3")
+    if iperf3 is None:
+        raise BackgroundError("the topology's background traffic needs iperf3 (apt-get install iperf3, or make install)")
+    return iperf3
+
+
 @contextlib.contextmanager
 def background_traffic(backend: Backend, loads: tuple[BackgroundLoad, ...], out_dir: Path,
-                       log: Callable[[str], None] = print) -> Iterator[list[LoadReport]]:
-    """Every load running inside the block; the list filled with their reports when it ends (however it ends)."""
+                       log: Callable[[str], None] = print, dilation: float = 1.0) -> Iterator[list[LoadReport]]:
+    """Every load running inside the block (a paced one at rate / `dilation`, as a dilated run's links run); the
+    list filled with their reports when it ends (however it ends)."""
     reports: list[LoadReport] = []
     if not loads:
         yield reports
         return
-    iperf3 = shutil.which("iperf3")
-    if iperf3 is None:
-        raise BackgroundError("background traffic needs iperf3 (apt-get install iperf3, or make install)")
+    iperf3 = require_iperf3()
     running: list[_Running] = []
     try:
         for index, load in enumerate(loads):
-            running.append(_start(backend, iperf3, load, BACKGROUND_PORT + index, out_dir / f"background-{index}.json"))
+            slowed = dataclasses.replace(load, rate_bps=load.rate_bps and load.rate_bps / dilation)
+            _start(backend, iperf3, slowed, BACKGROUND_PORT + index, out_dir / f"background-{index}.json", running)
             log(f"background: {load.describe()}")
         backend.state.save()
         yield reports
     finally:
         with cleanup():
-            reports += [_stop(backend, r) for r in running]
+            reports += [dataclasses.replace(_stop(backend, r), rate_bps=r.load.rate_bps and r.load.rate_bps * dilation,
+                                            dilation=dilation) for r in running]
             backend.state.save()
 
 
-def _start(backend: Backend, iperf3: str, load: BackgroundLoad, port: int, report: Path) -> _Running:
-    plan = backend.state.plan
-    address = plan.node(load.dst).ip(HOST_IFNAME)
-    server = backend.popen(load.dst, [iperf3, "-s", "-B", address, "-p", str(port)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)
+def _start(backend: Backend, iperf3: str, load: BackgroundLoad, port: int, report: Path,
+           running: list[_Running]) -> None:
+    """Start the load's server, then its client; each joins `running` as soon as it exists (the caller stops
+    whatever started, also when this fails or a signal arrives half-way)."""
+    address = backend.state.plan.node(load.dst).ip(HOST_IFNAME)
+    server_log = report.with_suffix(".server.log")
+    with open(server_log, "wb") as out:
+        server = backend.popen(load.dst, [iperf3, "-s", "-B", address, "-p", str(port)], stdout=out,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    entry = _Running(load, server, None, report)
+    running.append(entry)
     backend.state.processes.append(ProcessRecord.of(server.pid, "background", load.dst))
     time.sleep(START_WAIT_S)
+    if server.poll() is not None:
+        raise BackgroundError(f"background {load.label}: the iperf3 server on {load.dst} (port {port}) exited at "
+                              f"once: {_error_of(server_log)}")
     with open(report, "wb") as out:
-        client = backend.popen(load.src, [iperf3, *iperf_command(load, address, port)], stdout=out,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-    backend.state.processes.append(ProcessRecord.of(client.pid, "background", load.src))
-    running = _Running(load, server, client, report)
+        entry.client = backend.popen(load.src, [iperf3, *iperf_command(load, address, port)], stdout=out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+    backend.state.processes.append(ProcessRecord.of(entry.client.pid, "background", load.src))
     time.sleep(START_WAIT_S)
-    if client.poll() is not None:
-        _stop(backend, running)
+    if entry.client.poll() is not None:
         raise BackgroundError(f"background {load.label}: iperf3 exited at once ({_error_of(report)})")
-    return running
 
 
 def _stop(backend: Backend, running: _Running) -> LoadReport:
-    load = running.load
-    if running.client.poll() is None:
-        running.client.send_signal(signal.SIGTERM)         # iperf3 writes its report on SIGTERM
+    client = running.client
+    if client is not None and client.poll() is None:
+        client.send_signal(signal.SIGTERM)                 # iperf3 writes its report on SIGTERM
         with contextlib.suppress(subprocess.TimeoutExpired):
-            running.client.wait(timeout=5)
-    procs.terminate([p.pid for p in (running.client, running.server) if p.poll() is None], grace_s=2.0)
-    for proc in (running.client, running.server):
+            client.wait(timeout=5)
+    started = [p for p in (client, running.server) if p is not None]
+    procs.terminate([p.pid for p in started if p.poll() is None], grace_s=2.0)
+    for proc in started:
         proc.wait()
-    pids = {running.client.pid, running.server.pid}
+    pids = {p.pid for p in started}
     backend.state.processes = [r for r in backend.state.processes if r.pid not in pids]
-    return read_report(load, running.report)
+    return read_report(running.load, running.report)
 
 
 def read_report(load: BackgroundLoad, path: Path) -> LoadReport:
@@ -168,14 +187,15 @@ probes, timeouts) during the launch."""
 
 
 @contextlib.contextmanager
-def shared_traffic(backend: Backend, out_dir: Path) -> Iterator[None]:
+def shared_traffic(backend: Backend, out_dir: Path, dilation: float = 1.0) -> Iterator[None]:
     """The plan's background loads running inside the block, and every host's TCP counters (retransmitted
     segments, tail-loss probes, timeouts) read over it; both written to out_dir/traffic.json when it ends (however it ends)."""
     hosts = [h.name for h in backend.state.plan.hosts]
     before = counters_by_node(backend, hosts)
     reports: list[LoadReport] = []
     try:
-        with background_traffic(backend, backend.state.plan.background, out_dir, log=lambda _line: None) as reports:
+        with background_traffic(backend, backend.state.plan.background, out_dir, log=lambda _line: None,
+                                dilation=dilation) as reports:
             yield
     finally:
         with cleanup():

@@ -32,7 +32,7 @@ from testbed.plan.model import LinkDirection, Node, Plan
 from testbed.run import events as run_events
 from testbed.run import metrics
 from testbed.run.attempts import Attempt, attempt_folder, best_attempt
-from testbed.run.background import read_traffic, shared_traffic
+from testbed.run.background import read_traffic, require_iperf3, shared_traffic
 from testbed.run.breakdown import breakdown
 from testbed.run.compute import run_table
 from testbed.run.dilation import (
@@ -270,7 +270,7 @@ def run_group(backend: Backend, schedules: list[str], options: RunOptions, hosts
             switch(0)
         slow = table.slowed(dilation.factor) if table is not None and dilation.on else table   # spans too, in time
         out_dir.mkdir(parents=True, exist_ok=True)
-        with shared_traffic(backend, out_dir):
+        with shared_traffic(backend, out_dir, dilation.factor):
             _run_workers(backend, schedules, options, hosts, out_dir, progress, monitor, transport, caps, settings,
                          switch, slow, player=player, shipped=shipped)
     traces = {}
@@ -501,6 +501,8 @@ def run_schedules(backend: Backend, options: RunOptions, results_root: Path, *,
     if restore_links(backend):
         log("restored the OTN links a dilated run left slowed down (it was stopped before it could)")
     plan = backend.state.plan
+    if plan.background:
+        require_iperf3()
     hosts = options.hosts(plan)
     options.check_stages(len(hosts))
     cpus = os.cpu_count() or 1

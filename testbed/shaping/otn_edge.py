@@ -69,6 +69,8 @@ class EdgeCounters:
     """What the buffer held when the statistics were written (packets that have reached it, not yet forwarded)."""
     buffer_interval_peak_bytes: int = 0
     """The buffer's peak since the statistics were written before (a time series of occupancy, sampled whole)."""
+    at_s: float = 0.0
+    """When these counters were written (the daemon's monotonic clock: the system's, as every process reads it)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,6 +148,7 @@ class OtnEdge:
         c = self.counters
         c.buffer_now_bytes = sum(e.size for e in self.buffer if e.arrive <= now < e.depart)
         c.buffer_interval_peak_bytes = max(c.buffer_interval_peak_bytes, c.buffer_now_bytes)
+        c.at_s = now
         data = c.to_json()
         c.buffer_interval_peak_bytes = c.buffer_now_bytes
         return data

@@ -82,7 +82,7 @@ def _parse_load(item: Any, path: str, host_dc: dict[str, str]) -> tuple[Backgrou
                          "would not cross an OTN link", "name a host in another datacenter"))
     flows = item.get("flows", 1)
     if isinstance(flows, bool) or not isinstance(flows, int) or not 1 <= flows <= MAX_FLOWS:
-        problems.append((f"{path}.flows", f"expected a whole number of flows, got {flows!r}",
+        problems.append((f"{path}.flows", f"{flows!r} flows is not a count from 1 to {MAX_FLOWS}",
                          f"give 1 to {MAX_FLOWS} bulk flows"))
     rate = None
     if "rate" in item:
@@ -102,8 +102,9 @@ def _parse_load(item: Any, path: str, host_dc: dict[str, str]) -> tuple[Backgrou
 
 
 def _host(value: Any, path: str, host_dc: dict[str, str], problems: list[Problem3]) -> str | None:
-    if value is None:
-        problems.append((path, "missing host", f"name one of: {', '.join(host_dc)}"))
+    if value is None or not isinstance(value, str):
+        problems.append((path, "missing host" if value is None else f"expected a host name, got {value!r}",
+                         f"name one of: {', '.join(host_dc)}"))
         return None
     if value not in host_dc:
         close = difflib.get_close_matches(str(value), list(host_dc), n=1)
