@@ -314,7 +314,7 @@ def cmd_congestion(args: argparse.Namespace) -> int:
 
     out = run_congestion(args.spec)     # the API's run_congestion less its signal guard: main() reports a signal
     print((out / "report.md").read_text())
-    print(f"results: {out} (report.md, congestion.png, congestion.json, one run folder per variant)")
+    print(f"results: {out} (report.md, report.html, congestion.png, congestion.json, one run folder per variant)")
     return 0
 
 

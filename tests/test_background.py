@@ -147,6 +147,8 @@ def test_the_report_reads_throughput_pause_share_and_steps_around_the_cut(tmp_pa
         "variants": [variant, _variant("drop", 57, [1.0, 1.0, 2.0, 2.0])]}))
     report = write_report(tmp_path).read_text()
     assert "F+B per micro-batch per stage: 127 ms" in report and (tmp_path / "congestion.png").stat().st_size > 10_000
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("<table>") == 1 and "<td>pfc</td>" in page and "data:image/png;base64," in page
 
 
 def test_iteration_steps_place_each_iteration_from_the_first_start(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.experiment.html_page import html_page
+
 KIB = 1024
 COLORS = {"pfc": "tab:blue", "drop": "tab:red", "queue": "tab:green"}
 
@@ -184,4 +186,5 @@ def write_report(out: Path) -> Path:
              "timeouts are retransmission timeouts."]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
+    (out / "report.html").write_text(html_page(lines, out, "Congestion on the OTN edge"))
     return path

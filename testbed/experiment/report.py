@@ -3,12 +3,11 @@ plots inlined), plus the terminal summary. `testbed report RUN` re-renders all o
 
 from __future__ import annotations
 
-import base64
-import html
 import statistics
 from pathlib import Path
 
 from testbed.experiment import plots
+from testbed.experiment.html_page import html_page
 from testbed.experiment.records import ExperimentRecord, Point
 from testbed.run.breakdown import side_by_side
 from testbed.run.lateness import LATE_FLOOR_S, LATE_P99_FRACTION
@@ -517,46 +516,10 @@ def write_report(exp_dir: Path) -> tuple[Path, Path]:
               "`model_inputs.json`, `runs/*/summary.json` and `runs/*/trace.json` (chrome://tracing, Perfetto)."]
     md = exp_dir / "report.md"
     md.write_text("\n".join(parts) + "\n")
-    body = []
-    for line in parts:
-        if line.startswith("!["):
-            name = line[line.index("(") + 1:-1]
-            data = base64.b64encode((exp_dir / name).read_bytes()).decode()
-            body.append(f'<p><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"></p>')
-        elif line.startswith("# "):
-            body.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.startswith("## "):
-            body.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("- "):
-            body.append(f"<li>{html.escape(line[2:])}</li>")
-        elif line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if set("".join(cells)) <= {"-"}:
-                continue
-            body.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
-        elif line:
-            body.append(f"<p>{html.escape(line)}</p>")
-    page = ("<!doctype html><meta charset='utf-8'><title>GeoPipe experiment</title><style>body{font-family:sans-serif;"
-            "max-width:1100px;margin:2em auto}td{border:1px solid #ccc;padding:3px 6px;font-size:13px}"
-            "table{border-collapse:collapse}img{max-width:100%}</style>" + _wrap_tables(body))
+    page = html_page(parts, exp_dir, "GeoPipe experiment")
     page_path = exp_dir / "report.html"
     page_path.write_text(page)
     return md, page_path
-
-
-def _wrap_tables(body: list[str]) -> str:
-    out, inside = [], False
-    for item in body:
-        if item.startswith("<tr>") and not inside:
-            out.append("<table>")
-            inside = True
-        elif not item.startswith("<tr>") and inside:
-            out.append("</table>")
-            inside = False
-        out.append(item)
-    if inside:
-        out.append("</table>")
-    return "\n".join(out)
 
 
 def rerender(exp_dir: Path) -> str:
