@@ -22,8 +22,9 @@ from typing import Any
 import yaml
 
 from testbed.topology.errors import Problem, TopologyError
-from testbed.topology.loader import _Checker, _UniqueKeyLoader, load_topology
+from testbed.topology.loader import load_topology
 from testbed.topology.model import Topology
+from testbed.topology.yamlcheck import UniqueKeyLoader, YamlChecker
 from testbed.util.paths import resolve_topology
 
 TOP_KEYS = {"topology", "known_hosts", "defaults", "hosts"}
@@ -107,20 +108,20 @@ def load_inventory(path: str | Path) -> Inventory:
     if len(data) > MAX_INVENTORY_BYTES:
         raise InventoryError(str(source), [Problem("", "the file is larger than 256 KiB", "is this the right path?")])
     try:
-        raw = yaml.load(data.decode("utf-8", errors="strict"), Loader=_UniqueKeyLoader)  # noqa: S506
+        raw = yaml.load(data.decode("utf-8", errors="strict"), Loader=UniqueKeyLoader)  # noqa: S506
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else ""
         raise InventoryError(str(source), [Problem(where, f"not valid YAML: {getattr(exc, 'problem', exc)}",
                                                    "fix the YAML syntax (indentation, colons, quotes)")]) from None
-    check = _Checker()
+    check = YamlChecker()
     inventory = _build(raw, source, check)
     if check.problems or inventory is None:
         raise InventoryError(str(source), check.problems)
     return inventory
 
 
-def _build(raw: Any, source: Path, check: _Checker) -> Inventory | None:
+def _build(raw: Any, source: Path, check: YamlChecker) -> Inventory | None:
     top = check.mapping(raw, "", TOP_KEYS)
     if not isinstance(raw, dict):
         return None
@@ -169,7 +170,7 @@ def _build(raw: Any, source: Path, check: _Checker) -> Inventory | None:
 
 
 def _machine(name: str, dc: str, merged: dict[str, Any], own: dict[str, Any], path: str, base: Path,
-             check: _Checker) -> Machine | None:
+             check: YamlChecker) -> Machine | None:
     def where(key: str) -> str:
         return f"{path}.{key}" if key in own else f"defaults.{key}"
 
@@ -224,7 +225,7 @@ def _machine(name: str, dc: str, merged: dict[str, Any], own: dict[str, Any], pa
                    key=key, nic=str(nic), jump=jump, python=python, workdir=workdir, accept_new_host_key=accept)
 
 
-def _check_cover(machines: list[Machine], topology: Topology | None, check: _Checker) -> None:
+def _check_cover(machines: list[Machine], topology: Topology | None, check: YamlChecker) -> None:
     if topology is None or not machines:
         return
     dcs = {m.dc for m in machines}
@@ -233,7 +234,7 @@ def _check_cover(machines: list[Machine], topology: Topology | None, check: _Che
                   f"map hosts of at least two DCs of {topology.name}: {', '.join(d.name for d in topology.datacenters)}")
 
 
-def _check_unique(machines: list[Machine], check: _Checker) -> None:
+def _check_unique(machines: list[Machine], check: YamlChecker) -> None:
     seen: dict[str, str] = {}
     for m in machines:
         if m.data_address in seen:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
-import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +27,9 @@ from testbed.topology.model import (
     TcpSettings,
     Topology,
 )
+from testbed.topology.yamlcheck import UniqueKeyLoader, YamlChecker, join_path
 from testbed.util import units
 from testbed.util.paths import shipped_topologies
-
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,27}$")
-NAME_RULE = "names are 1-28 characters of a-z, 0-9 and '-', starting with a letter or digit"
 
 TOP_KEYS = {"name", "description", "defaults", "datacenters", "links", "addressing", "rdma", "tcp", "background"}
 TCP_KEYS = {"congestion_control", "slow_start_after_idle"}
@@ -57,89 +53,6 @@ BUILTIN_DEFAULTS: dict[str, dict[str, Any]] = {
 DEFAULT_ADDRESS_BASE = "10.100.0.0/16"
 MAX_RATE_BPS = 100e9
 MAX_TOPOLOGY_BYTES = 1024 * 1024
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys instead of silently keeping the last one."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            hash(key)
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"a key must be a name, not a {type(key).__name__}", key_node.start_mark) from None
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (each key may appear once)", key_node.start_mark)
-        seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-class _Checker:
-    """Collects problems while reading a raw YAML tree."""
-
-    def __init__(self) -> None:
-        self.problems: list[Problem] = []
-
-    def add(self, path: str, problem: str, fix: str) -> None:
-        item = Problem(path, problem, fix)
-        if item not in self.problems:
-            self.problems.append(item)
-
-    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.add(path, f"expected a mapping, got {type(value).__name__} {value!r}",
-                     f"write it as keys: {', '.join(sorted(allowed))}")
-            return {}
-        for key in value:
-            if key not in allowed:
-                close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(sorted(allowed))}"
-                self.add(_join(path, str(key)), f"unknown key {key!r}", hint)
-        return {k: v for k, v in value.items() if k in allowed}
-
-    def quantity(self, value: Any, path: str, parse: Callable[[Any], float], *, minimum: float = 0.0,
-                 strict: bool = False, maximum: float | None = None) -> float | None:
-        try:
-            number = parse(value)
-        except units.UnitError as exc:
-            self.add(path, exc.problem, exc.fix)
-            return None
-        if number < minimum or (strict and number == minimum):
-            op = ">" if strict else ">="
-            self.add(path, f"{value!r} is out of range", f"it must be {op} {minimum:g}")
-            return None
-        if maximum is not None and number > maximum:
-            self.add(path, f"{value!r} is too large", f"it must be <= {maximum:g}")
-            return None
-        return number
-
-    def boolean(self, value: Any, path: str) -> bool | None:
-        if isinstance(value, bool):
-            return value
-        self.add(path, f"expected true or false, got {value!r}", "write true or false (no quotes)")
-        return None
-
-    def name(self, value: Any, path: str, what: str) -> str | None:
-        if isinstance(value, str) and NAME_RE.match(value):
-            return value
-        self.add(path, f"invalid {what} name {value!r}", NAME_RULE)
-        return None
-
-
-def _join(path: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path else key
 
 
 def _unreadable_fix(path: str | Path) -> str:
@@ -172,7 +85,7 @@ def load_topology(path: str | Path) -> Topology:
 def parse_topology(text: str, source: str = "<string>") -> Topology:
     """Validate topology YAML text. `source` names the file in error messages."""
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+        raw = yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
     except RecursionError:
         raise TopologyError(source, [Problem("", "the document is nested too deeply",
                                              "a topology nests a few levels: datacenters, links, their keys")]) from None
@@ -184,14 +97,14 @@ def parse_topology(text: str, source: str = "<string>") -> Topology:
             raise TopologyError(source, [Problem(where, problem, "remove or rename one of the two entries")]) from exc
         raise TopologyError(source, [Problem(where, f"YAML syntax error: {problem}",
                                              "fix the YAML syntax at that position")]) from exc
-    check = _Checker()
+    check = YamlChecker()
     topology = _build(raw, check, source)
     if check.problems or topology is None:
         raise TopologyError(source, check.problems)
     return topology
 
 
-def _build(raw: Any, check: _Checker, source: str) -> Topology | None:
+def _build(raw: Any, check: YamlChecker, source: str) -> Topology | None:
     if not isinstance(raw, dict):
         check.add("", "the file is not a YAML mapping", "start with 'name:', 'datacenters:' and 'links:'")
         return None
@@ -221,7 +134,7 @@ def _build(raw: Any, check: _Checker, source: str) -> Topology | None:
                     links=tuple(links), address_base=base, rdma=rdma, tcp=tcp, background=tuple(background))
 
 
-def _build_tcp(raw: Any, check: _Checker) -> TcpSettings:
+def _build_tcp(raw: Any, check: YamlChecker) -> TcpSettings:
     """`tcp: {congestion_control: reno, slow_start_after_idle: false}` (both optional)."""
     spec = check.mapping(raw, "tcp", TCP_KEYS)
     default = TcpSettings()
@@ -238,7 +151,7 @@ def _build_tcp(raw: Any, check: _Checker) -> TcpSettings:
     return TcpSettings(congestion_control=str(cc), slow_start_after_idle=idle)
 
 
-def _mtu(raw: Any, path: str, check: _Checker) -> int | None:
+def _mtu(raw: Any, path: str, check: YamlChecker) -> int | None:
     """An IP MTU from 576 to 9000 (None where absent or refused)."""
     if raw is None:
         return None
@@ -248,7 +161,7 @@ def _mtu(raw: Any, path: str, check: _Checker) -> int | None:
     return raw
 
 
-def _build_rdma(raw: Any, links: list[OtnLink], dcs: list[Datacenter], check: _Checker) -> str:
+def _build_rdma(raw: Any, links: list[OtnLink], dcs: list[Datacenter], check: YamlChecker) -> str:
     """`rdma: softroce` gives every host an rxe device; RoCE frames must fit every OTN link's and fabric's MTU."""
     if raw not in RDMA_KINDS:
         check.add("rdma", f"unknown RDMA kind {raw!r}", f"use one of: {', '.join(RDMA_KINDS)}")
@@ -265,7 +178,7 @@ def _build_rdma(raw: Any, links: list[OtnLink], dcs: list[Datacenter], check: _C
     return str(raw)
 
 
-def _build_datacenters(raw: Any, fabric_default: dict[str, Any], check: _Checker
+def _build_datacenters(raw: Any, fabric_default: dict[str, Any], check: YamlChecker
                        ) -> tuple[list[Datacenter], dict[str, dict[str, Any]]]:
     dcs: list[Datacenter] = []
     link_defaults: dict[str, dict[str, Any]] = {}
@@ -277,30 +190,30 @@ def _build_datacenters(raw: Any, fabric_default: dict[str, Any], check: _Checker
         return dcs, link_defaults
     host_owner: dict[str, str] = {}
     for dc_name, spec in raw.items():
-        path = _join("datacenters", str(dc_name))
+        path = join_path("datacenters", str(dc_name))
         if check.name(dc_name, path, "datacenter") is None:
             continue
         spec = check.mapping(spec, path, DC_KEYS)
-        fabric_raw = {**fabric_default, **check.mapping(spec.get("fabric"), _join(path, "fabric"), FABRIC_KEYS)}
-        rate = check.quantity(fabric_raw["rate"], _join(path, "fabric.rate"), units.parse_rate, strict=True,
+        fabric_raw = {**fabric_default, **check.mapping(spec.get("fabric"), join_path(path, "fabric"), FABRIC_KEYS)}
+        rate = check.quantity(fabric_raw["rate"], join_path(path, "fabric.rate"), units.parse_rate, strict=True,
                               maximum=MAX_RATE_BPS)
-        latency = check.quantity(fabric_raw["latency"], _join(path, "fabric.latency"), units.parse_time)
-        mtu = _mtu(fabric_raw.get("mtu"), _join(path, "fabric.mtu"), check)
-        hosts = _build_hosts(spec.get("hosts", 0), dc_name, _join(path, "hosts"), host_owner, check)
-        link_defaults[dc_name] = check.mapping(spec.get("link"), _join(path, "link"), LINK_DEFAULT_KEYS)
+        latency = check.quantity(fabric_raw["latency"], join_path(path, "fabric.latency"), units.parse_time)
+        mtu = _mtu(fabric_raw.get("mtu"), join_path(path, "fabric.mtu"), check)
+        hosts = _build_hosts(spec.get("hosts", 0), dc_name, join_path(path, "hosts"), host_owner, check)
+        link_defaults[dc_name] = check.mapping(spec.get("link"), join_path(path, "link"), LINK_DEFAULT_KEYS)
         if rate is not None and latency is not None:
             dcs.append(Datacenter(name=dc_name, hosts=hosts, fabric=Fabric(rate_bps=rate, latency_s=latency, mtu=mtu)))
     routers = {f"{dc.name}{ROUTER_SUFFIX}" for dc in dcs}
     for host, dc_name in host_owner.items():
         if host in routers:
-            check.add(_join("datacenters", dc_name), f"host name {host!r} is taken by a datacenter's router",
+            check.add(join_path("datacenters", dc_name), f"host name {host!r} is taken by a datacenter's router",
                       f"rename the host; '<dc>{ROUTER_SUFFIX}' names are reserved for routers")
     if dcs and not any(dc.hosts for dc in dcs):
         check.add("datacenters", "no datacenter has any host", "give at least one datacenter 'hosts: N'")
     return dcs, link_defaults
 
 
-def _build_hosts(raw: Any, dc: str, path: str, owner: dict[str, str], check: _Checker) -> tuple[str, ...]:
+def _build_hosts(raw: Any, dc: str, path: str, owner: dict[str, str], check: YamlChecker) -> tuple[str, ...]:
     if isinstance(raw, bool) or not isinstance(raw, (int, list)):
         check.add(path, f"expected a host count or a list of host names, got {raw!r}",
                   "write 'hosts: 2' or 'hosts: [gpu1, gpu2]'")
@@ -314,7 +227,7 @@ def _build_hosts(raw: Any, dc: str, path: str, owner: dict[str, str], check: _Ch
         names = raw
     result: list[str] = []
     for i, host in enumerate(names):
-        hpath = _join(path, i) if isinstance(raw, list) else path
+        hpath = join_path(path, i) if isinstance(raw, list) else path
         if check.name(host, hpath, "host") is None:
             continue
         if host in owner:
@@ -327,7 +240,7 @@ def _build_hosts(raw: Any, dc: str, path: str, owner: dict[str, str], check: _Ch
 
 
 def _build_links(raw: Any, dcs: list[Datacenter], link_default: dict[str, Any],
-                 dc_link_defaults: dict[str, dict[str, Any]], check: _Checker
+                 dc_link_defaults: dict[str, dict[str, Any]], check: YamlChecker
                  ) -> tuple[list[OtnLink], list[frozenset[str]]]:
     """Links that validated, and the DC pairs of every link whose ends are valid (for the connectivity check)."""
     links: list[OtnLink] = []
@@ -340,17 +253,17 @@ def _build_links(raw: Any, dcs: list[Datacenter], link_default: dict[str, Any],
     known = [dc.name for dc in dcs]
     pairs: dict[frozenset[str], int] = {}
     for i, item in enumerate(raw):
-        path = _join("links", i)
+        path = join_path("links", i)
         spec = check.mapping(item, path, LINK_KEYS)
         ends = []
         for end in ("a", "b"):
             value = spec.get(end)
             if value is None:
-                check.add(_join(path, end), "missing link end", f"set '{end}:' to one of: {', '.join(known)}")
+                check.add(join_path(path, end), "missing link end", f"set '{end}:' to one of: {', '.join(known)}")
             elif value not in known:
                 close = difflib.get_close_matches(str(value), known, n=1)
                 hint = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(known)}"
-                check.add(_join(path, end), f"unknown datacenter {value!r}", hint)
+                check.add(join_path(path, end), f"unknown datacenter {value!r}", hint)
             else:
                 ends.append(value)
         if len(ends) != 2:      # its other keys are still checked, so every problem of the file is said at once
@@ -358,7 +271,7 @@ def _build_links(raw: Any, dcs: list[Datacenter], link_default: dict[str, Any],
             continue
         a, b = ends
         if a == b:
-            check.add(_join(path, "b"), f"link joins datacenter {a!r} to itself", "a link must join two datacenters")
+            check.add(join_path(path, "b"), f"link joins datacenter {a!r} to itself", "a link must join two datacenters")
             continue
         pair = frozenset(ends)
         if pair in pairs:
@@ -373,28 +286,28 @@ def _build_links(raw: Any, dcs: list[Datacenter], link_default: dict[str, Any],
 
 
 def _build_link(index: int, a: str, b: str, spec: dict[str, Any], path: str, link_default: dict[str, Any],
-                dc_link_defaults: dict[str, dict[str, Any]], check: _Checker) -> OtnLink | None:
+                dc_link_defaults: dict[str, dict[str, Any]], check: YamlChecker) -> OtnLink | None:
     distance = None
     if "distance" in spec and "distance_km" in spec:
-        check.add(_join(path, "distance_km"), "both 'distance' and 'distance_km' given", "keep one of them")
+        check.add(join_path(path, "distance_km"), "both 'distance' and 'distance_km' given", "keep one of them")
     for key in ("distance", "distance_km"):
         if key in spec:
-            distance = check.quantity(spec[key], _join(path, key), units.parse_distance_km)
+            distance = check.quantity(spec[key], join_path(path, key), units.parse_distance_km)
     if distance is None and "delay" not in spec and not any(
             "delay" in (spec.get(d) or {}) for d in ("a_to_b", "b_to_a") if isinstance(spec.get(d), dict)):
-        if not any(p.path.startswith(_join(path, "distance")) for p in check.problems):
+        if not any(p.path.startswith(join_path(path, "distance")) for p in check.problems):
             check.add(path, "link has neither 'distance' nor 'delay'",
                       "add 'distance: 1000km' (5 us/km of fibre) or an explicit one-way 'delay: 5ms'")
         return None
-    mtu = _mtu(spec.get("mtu", link_default["mtu"]), _join(path, "mtu"), check)
+    mtu = _mtu(spec.get("mtu", link_default["mtu"]), join_path(path, "mtu"), check)
     lossless_raw = spec.get("lossless", link_default["lossless"])
-    lossless = _lossless(lossless_raw, _join(path, "lossless"), check)
+    lossless = _lossless(lossless_raw, join_path(path, "lossless"), check)
     real_rate = None
     if "real_rate" in spec:
-        real_rate = check.quantity(spec["real_rate"], _join(path, "real_rate"), units.parse_rate, strict=True)
+        real_rate = check.quantity(spec["real_rate"], join_path(path, "real_rate"), units.parse_rate, strict=True)
     directions = []
     for key, src in (("a_to_b", a), ("b_to_a", b)):
-        dpath = _join(path, key)
+        dpath = join_path(path, key)
         own = check.mapping(spec.get(key), dpath, DIRECTION_KEYS)
         merged = {**link_default, **dc_link_defaults.get(src, {}),
                   **{k: v for k, v in spec.items() if k in DIRECTION_KEYS}, **own}
@@ -406,7 +319,7 @@ def _build_link(index: int, a: str, b: str, spec: dict[str, Any], path: str, lin
                    a_to_b=directions[0], b_to_a=directions[1], real_rate_bps=real_rate, edge=edge)
 
 
-def _lossless(value: Any, path: str, check: _Checker) -> str | None:
+def _lossless(value: Any, path: str, check: YamlChecker) -> str | None:
     """`pfc`, `queue` (also `true`) or `false`."""
     if value is True or value == "queue":
         return "queue"
@@ -420,29 +333,29 @@ def _lossless(value: Any, path: str, check: _Checker) -> str | None:
 
 
 def _build_edge(spec: dict[str, Any], lossless: str, path: str, directions: list[DirectionSpec],
-                check: _Checker) -> EdgeSpec | None:
+                check: YamlChecker) -> EdgeSpec | None:
     """The link's edge buffer; None: a plain link, or a problem reported (the file is then refused whole)."""
     given = {k: spec[k] for k in EDGE_KEYS if k in spec}
     if lossless == "queue" and set(given) - {"edge_rate"}:
         key = sorted(set(given) - {"edge_rate"})[0]
-        check.add(_join(path, key), f"'{key}' on a link with a deep queue (lossless: {spec.get('lossless', True)!r})",
-                  f"set '{_join(path, 'lossless')}: pfc' for a finite buffer with pause, or false for tail drop")
+        check.add(join_path(path, key), f"'{key}' on a link with a deep queue (lossless: {spec.get('lossless', True)!r})",
+                  f"set '{join_path(path, 'lossless')}: pfc' for a finite buffer with pause, or false for tail drop")
         return None
     if lossless == "false" and {"xoff", "xon"} & set(given):
         key = sorted({"xoff", "xon"} & set(given))[0]
-        check.add(_join(path, key), f"PFC threshold '{key}' on a link without PFC (lossless: false)",
-                  f"set '{_join(path, 'lossless')}: pfc', or remove '{key}'")
+        check.add(join_path(path, key), f"PFC threshold '{key}' on a link without PFC (lossless: false)",
+                  f"set '{join_path(path, 'lossless')}: pfc', or remove '{key}'")
         return None
     if lossless != "pfc" and not given:
         return None
-    sizes = {k: check.quantity(given[k], _join(path, k), units.parse_size, strict=k == "buffer")
+    sizes = {k: check.quantity(given[k], join_path(path, k), units.parse_size, strict=k == "buffer")
              for k in ("buffer", "xoff", "xon") if k in given}
-    drain = (check.quantity(given["edge_rate"], _join(path, "edge_rate"), units.parse_rate, strict=True,
+    drain = (check.quantity(given["edge_rate"], join_path(path, "edge_rate"), units.parse_rate, strict=True,
                             maximum=MAX_RATE_BPS) if "edge_rate" in given else None)
     if None in sizes.values() or ("edge_rate" in given and drain is None):
         return None
     if any(d.jitter_s for d in directions):
-        check.add(_join(path, "jitter"), "jitter on a link with an edge buffer (the edge model keeps order and "
+        check.add(join_path(path, "jitter"), "jitter on a link with an edge buffer (the edge model keeps order and "
                   "has no jitter)", "remove 'jitter', or the edge keys")
         return None
     mode = {"pfc": "pfc", "queue": "queue", "false": "drop"}[lossless]
@@ -451,15 +364,15 @@ def _build_edge(spec: dict[str, Any], lossless: str, path: str, directions: list
              for problem in edge_problems(resolve_edge(edge, forward.rate_bps, forward.delay_s, reverse.delay_s))]
     if found:
         key, problem, fix = found[0]            # one per link: both directions usually say the same
-        check.add(_join(path, key), problem, fix)
+        check.add(join_path(path, key), problem, fix)
         return None
     return edge
 
 
 def _build_direction(merged: dict[str, Any], own: dict[str, Any], link_spec: dict[str, Any], dpath: str,
-                     lpath: str, distance: float | None, lossless: bool, check: _Checker) -> DirectionSpec | None:
+                     lpath: str, distance: float | None, lossless: bool, check: YamlChecker) -> DirectionSpec | None:
     def where(key: str) -> str:
-        return _join(dpath, key) if key in own else _join(lpath, key)
+        return join_path(dpath, key) if key in own else join_path(lpath, key)
 
     rate = check.quantity(merged["rate"], where("rate"), units.parse_rate, strict=True, maximum=MAX_RATE_BPS)
     extra = check.quantity(merged.get("extra_delay", 0), where("extra_delay"), units.parse_time)
@@ -474,7 +387,7 @@ def _build_direction(merged: dict[str, Any], own: dict[str, Any], link_spec: dic
         loss = None
     if loss and lossless:
         check.add(where("loss"), f"loss {merged['loss']!r} on a lossless link",
-                  f"set '{_join(lpath, 'lossless')}: false' for a fault experiment, or remove 'loss'")
+                  f"set '{join_path(lpath, 'lossless')}: false' for a fault experiment, or remove 'loss'")
         loss = None
     if None in (rate, extra, delay, jitter, loss):
         return None
@@ -491,7 +404,7 @@ def _build_direction(merged: dict[str, Any], own: dict[str, Any], link_spec: dic
     return DirectionSpec(delay_s=total, rate_bps=rate, jitter_s=jitter, loss=loss)
 
 
-def _check_connected(dcs: list[Datacenter], pairs: list[frozenset[str]], check: _Checker) -> None:
+def _check_connected(dcs: list[Datacenter], pairs: list[frozenset[str]], check: YamlChecker) -> None:
     if len(dcs) < 2:
         return
     adjacency: dict[str, set[str]] = {dc.name: set() for dc in dcs}
@@ -512,7 +425,7 @@ def _check_connected(dcs: list[Datacenter], pairs: list[frozenset[str]], check: 
                   f"add a link joining {cut_off[0]} to the rest, e.g. '- {{a: {dcs[0].name}, b: {cut_off[0]}, distance: 100km}}'")
 
 
-def _build_addressing(raw: Any, n_dcs: int, n_links: int, check: _Checker) -> ipaddress.IPv4Network | None:
+def _build_addressing(raw: Any, n_dcs: int, n_links: int, check: YamlChecker) -> ipaddress.IPv4Network | None:
     spec = check.mapping(raw, "addressing", ADDRESSING_KEYS)
     base_text = spec.get("base", DEFAULT_ADDRESS_BASE)
     try:

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from testbed.topology.errors import Problem, TopologyError
-from testbed.topology.loader import _Checker, _join, _UniqueKeyLoader
+from testbed.topology.yamlcheck import UniqueKeyLoader, YamlChecker, join_path
 from testbed.util import units
 from testbed.util.paths import REPO_ROOT
 from workloads.compute import PROFILE, REAL, REPLAY, ComputeMode, CostTable, PhaseCost, StageCost
@@ -250,7 +250,7 @@ def load_profile(path: str | Path, variant: str = "") -> DeploymentProfile:
     key and fix. Variants are checked whether chosen or not."""
     source = str(path)
     raw = _read(path)
-    check = _Checker()
+    check = YamlChecker()
     top = check.mapping(raw, "", {"name", "description", "variants", *SECTIONS})
     entries = _base_entries(top, check)
     variants = _variant_entries(top.get("variants"), check)
@@ -263,7 +263,7 @@ def load_profile(path: str | Path, variant: str = "") -> DeploymentProfile:
     restated = {name_of: _values(entries_of, check) for name_of, entries_of in variants.items()}
     for name_of, (numbers, _) in restated.items():
         if set(numbers) & SPLITS:
-            _consistent({**values, **numbers}, check, _join("variants", name_of))
+            _consistent({**values, **numbers}, check, join_path("variants", name_of))
     if variant in restated:
         values, sources = {**values, **restated[variant][0]}, {**sources, **restated[variant][1]}
     name = top.get("name")
@@ -277,7 +277,7 @@ def load_profile(path: str | Path, variant: str = "") -> DeploymentProfile:
 def _read(path: str | Path) -> Any:
     source = str(path)
     try:
-        return yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+        return yaml.load(Path(path).read_text(), Loader=UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
     except OSError as exc:
         raise ProfileError(source, [Problem("", f"cannot read file: {exc.strerror}",
                                             "give a profile's name (profiles/) or path")]) from None
@@ -289,14 +289,14 @@ Entry = tuple[str, Any, str]
 """(key path in the file, value, source) of one `{value, source}` entry."""
 
 
-def _entry(raw: Any, where: str, check: _Checker) -> Entry:
+def _entry(raw: Any, where: str, check: YamlChecker) -> Entry:
     entry = check.mapping(raw, where, {"value", "source"})
     if not str(entry.get("source", "")).strip():
-        check.add(_join(where, "source"), "no source", "say where the number comes from (a paper, a datasheet)")
+        check.add(join_path(where, "source"), "no source", "say where the number comes from (a paper, a datasheet)")
     return where, entry.get("value"), str(entry.get("source", "")).strip()
 
 
-def _base_entries(top: dict[str, Any], check: _Checker) -> dict[str, Entry]:
+def _base_entries(top: dict[str, Any], check: YamlChecker) -> dict[str, Entry]:
     """Every section's every key, as required."""
     out: dict[str, Entry] = {}
     for section, keys in SECTIONS.items():
@@ -305,7 +305,7 @@ def _base_entries(top: dict[str, Any], check: _Checker) -> dict[str, Entry]:
             continue
         got = check.mapping(top[section], section, set(keys))
         for key in keys:
-            where = _join(section, key)
+            where = join_path(section, key)
             if key not in got:
                 check.add(where, "missing", f"add {key}: {{value: ..., source: \"where it comes from\"}}")
                 continue
@@ -313,7 +313,7 @@ def _base_entries(top: dict[str, Any], check: _Checker) -> dict[str, Entry]:
     return out
 
 
-def _variant_entries(raw: Any, check: _Checker) -> dict[str, dict[str, Entry]]:
+def _variant_entries(raw: Any, check: YamlChecker) -> dict[str, dict[str, Entry]]:
     """`variants: {NAME: {description, SECTION: {KEY: {value, source}}}}`: each restates only some keys."""
     if raw is None:
         return {}
@@ -322,33 +322,33 @@ def _variant_entries(raw: Any, check: _Checker) -> dict[str, dict[str, Entry]]:
         return {}
     out: dict[str, dict[str, Entry]] = {}
     for name, spec in raw.items():
-        base = _join("variants", str(name))
+        base = join_path("variants", str(name))
         if not isinstance(name, str) or not name or "@" in name or "/" in name:
             check.add(base, f"invalid variant name {name!r}", "name it with letters, digits and '-'")
             continue
         got = check.mapping(spec, base, {"description", *SECTIONS})
         entries: dict[str, Entry] = {}
         for section in set(got) & set(SECTIONS):
-            for key, value in check.mapping(got[section], _join(base, section), set(SECTIONS[section])).items():
-                entries[_join(section, key)] = _entry(value, _join(_join(base, section), key), check)
+            for key, value in check.mapping(got[section], join_path(base, section), set(SECTIONS[section])).items():
+                entries[join_path(section, key)] = _entry(value, join_path(join_path(base, section), key), check)
         if not entries:
             check.add(base, "restates no number", "give at least one SECTION: {KEY: {value, source}}")
         out[name] = entries
     return out
 
 
-def _values(entries: dict[str, Entry], check: _Checker) -> tuple[dict[str, float], dict[str, str]]:
+def _values(entries: dict[str, Entry], check: YamlChecker) -> tuple[dict[str, float], dict[str, str]]:
     values: dict[str, float] = {}
     sources: dict[str, str] = {}
     for key, (where, value, source) in entries.items():
         section, name = key.split(".")
-        number = _number(value, _join(where, "value"), SECTIONS[section][name], check)
+        number = _number(value, join_path(where, "value"), SECTIONS[section][name], check)
         if number is not None:
             values[key], sources[key] = number, source
     return values, sources
 
 
-def _number(value: Any, where: str, kind: str, check: _Checker) -> float | None:
+def _number(value: Any, where: str, kind: str, check: YamlChecker) -> float | None:
     if kind == SIZE:
         return check.quantity(value, where, units.parse_size, strict=True)
     if kind == RATE:
@@ -368,18 +368,18 @@ SPLITS = {"model.hidden", "model.heads", "model.kv_heads", "node.tp"}
 """The keys whose values must divide each other."""
 
 
-def _consistent(v: dict[str, float], check: _Checker, within: str = "") -> None:
+def _consistent(v: dict[str, float], check: YamlChecker, within: str = "") -> None:
     """The shape splits: heads divide hidden, kv heads divide heads, tp divides the heads (`within`: a variant's
     numbers over the file's)."""
     hidden, heads, kv, tp = (v.get(k) for k in ("model.hidden", "model.heads", "model.kv_heads", "node.tp"))
     if hidden and heads and hidden % heads:
-        check.add(_join(within, "model.heads"), f"{heads:g} heads do not divide hidden {hidden:g}",
+        check.add(join_path(within, "model.heads"), f"{heads:g} heads do not divide hidden {hidden:g}",
                   "give the published heads (head dim = hidden / heads)")
     if heads and kv and (kv > heads or heads % kv):
-        check.add(_join(within, "model.kv_heads"), f"{kv:g} key/value heads do not divide {heads:g} heads",
+        check.add(join_path(within, "model.kv_heads"), f"{kv:g} key/value heads do not divide {heads:g} heads",
                   "give the published kv heads (= heads without GQA)")
     if heads and tp and heads % tp:
-        check.add(_join(within, "node.tp"), f"{heads:g} heads do not split over {tp:g} devices",
+        check.add(join_path(within, "node.tp"), f"{heads:g} heads do not split over {tp:g} devices",
                   "give a tp that divides the heads")
 
 
