@@ -90,6 +90,19 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
         nodes.append(Node(name=rtr, dc=dc.name, role="router", netns=netns_name(name, rtr),
                           interfaces=tuple(interfaces), routes=routes, sysctls=COMMON_SYSCTLS + ROUTER_SYSCTLS,
                           bridge=BRIDGE_IFNAME, bridge_ports=ports))
+    otn_veths, directions = _otn_directions(topology, tcp_buffer)
+    veths += otn_veths
+    notes = tuple(f"{lk.name}: emulated at 1:{1 / lk.scale:g} of the real {lk.real_rate_bps / 1e9:g} Gbit/s"
+                  for lk in topology.links if lk.scale is not None and lk.real_rate_bps)
+    return Plan(testbed=name, topology=topology.name, source=topology.source, nodes=tuple(nodes),
+                veths=tuple(veths), directions=tuple(directions), tcp_buffer_bytes=tcp_buffer, paths=paths, notes=notes,
+                fabrics={dc.name: dc.fabric for dc in topology.datacenters}, rdma=topology.rdma,
+                background=topology.background)
+
+
+def _otn_directions(topology: Topology, tcp_buffer: int) -> tuple[list[Veth], list[LinkDirection]]:
+    """Each OTN link's veth between its routers, and both its directions with their queues and edges."""
+    veths: list[Veth] = []
     directions: list[LinkDirection] = []
     senders = len(topology.hosts) + sum(load.flows for load in topology.background)   # each flow has a window
     for link in topology.links:
@@ -112,12 +125,7 @@ def build_plan(topology: Topology, testbed: str | None = None) -> Plan:
                 delay_queue_packets=delay_queue_packets(d.rate_bps, d.delay_s, d.jitter_s, link.mtu, edge,
                                                         window_packets),
                 real_rate_bps=link.real_rate_bps, edge=edge))
-    notes = tuple(f"{lk.name}: emulated at 1:{1 / lk.scale:g} of the real {lk.real_rate_bps / 1e9:g} Gbit/s"
-                  for lk in topology.links if lk.scale is not None and lk.real_rate_bps)
-    return Plan(testbed=name, topology=topology.name, source=topology.source, nodes=tuple(nodes),
-                veths=tuple(veths), directions=tuple(directions), tcp_buffer_bytes=tcp_buffer, paths=paths, notes=notes,
-                fabrics={dc.name: dc.fabric for dc in topology.datacenters}, rdma=topology.rdma,
-                background=topology.background)
+    return veths, directions
 
 
 def delay_queue_packets(rate_bps: float, delay_s: float, jitter_s: float, mtu: int,
