@@ -26,6 +26,7 @@ from testbed.backends.base import Backend
 from testbed.deploy import lifecycle
 from testbed.errors import TestbedError
 from testbed.experiment.edge_sampler import EdgeSampler
+from testbed.run.breakdown import step_of
 from testbed.run.events import At, LinkChange
 from testbed.run.runner import RunOptions, run_schedules
 from testbed.shaping.registry import shaper_for
@@ -164,13 +165,14 @@ def run_variant(backend: Backend, spec: CongestionSpec, variant: str, out: Path,
 
 def iteration_steps(folder: Path) -> tuple[float, list[dict[str, float]]]:
     """The run's time origin (its first iteration's start, as the events are placed) and each timed iteration's
-    start, end and step (first stage's start to the last stage's end)."""
-    ranks = [RankTrace.from_json(json.loads(p.read_text())) for p in sorted(folder.glob("rank-*.json"))
-             if not p.name.endswith(".dilated.json")]
+    start and end, and its step as the summary counts it (`breakdown.step_of`)."""
+    ranks = sorted((RankTrace.from_json(json.loads(p.read_text())) for p in folder.glob("rank-*.json")
+                    if not p.name.endswith(".dilated.json")), key=lambda r: r.rank)
     origin = min(it.start for r in ranks for it in r.iterations)
     steps = []
     for number in sorted({it.iteration for it in ranks[0].iterations if not it.warmup}):
         its = [next(it for it in r.iterations if it.iteration == number) for r in ranks]
-        start, end = min(it.start for it in its), max(it.end for it in its)
-        steps.append({"iteration": number, "start_s": start - origin, "end_s": end - origin, "step_s": end - start})
+        step = step_of(its)
+        steps.append({"iteration": number, "start_s": its[0].start - origin, "end_s": its[0].start + step - origin,
+                      "step_s": step})
     return origin, steps
